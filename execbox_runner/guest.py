@@ -1,0 +1,171 @@
+"""One guest execution in a fresh QuickJS runtime, driven step by step.
+
+``GuestRun`` owns the runtime: it installs the bootstrap and providers, starts
+the normalized guest function, runs promise jobs within the wall-clock budget,
+and turns what the guest did into ``ipc`` messages. It is synchronous and does
+no I/O, so the worker process wraps it in a socket loop and tests drive it
+directly.
+
+QuickJS facts this relies on: ``set_time_limit`` counts process CPU time from
+the start of each eval or job call, so it is re-armed with the remaining wall
+budget before every call; its interrupt is uncatchable by guest code; Python
+callables cannot run while a time limit is set, which is why the guest talks
+to us only through the bootstrap's outbox, read by ``poll``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+from typing import Final
+
+import msgspec
+import quickjs
+
+from . import ipc
+from .messages import ErrorCode
+from .normalize import normalize
+
+BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_text()
+# Below the worker thread's real stack (8 MiB main thread): a larger QuickJS
+# limit than the real stack would crash the process instead of throwing.
+MAX_STACK_BYTES: Final = 1 << 20
+# CPU time a cancelled guest gets to run its finally blocks and last logs.
+ABORT_BUDGET_S: Final = 0.002
+TIMEOUT_MESSAGE: Final = "Execution timed out"
+MEMORY_MESSAGE: Final = "Memory limit exceeded"
+
+_Call = tuple[int, str, str, bool, msgspec.Raw]
+_poll_decoder: Final = msgspec.json.Decoder(tuple[list[_Call], list[str], list[msgspec.Raw] | None])
+_int_decoder: Final = msgspec.json.Decoder(int)
+_str_decoder: Final = msgspec.json.Decoder(str)
+
+
+class GuestRun:
+    """A guest program from ``Run`` to ``Finished``.
+
+    Call ``start`` once, then ``step`` until it returns ``Finished``; between
+    steps feed ``settle`` (tool results) or ``abort`` (cancel or timeout).
+    """
+
+    def __init__(self, run: ipc.Run) -> None:
+        self.run = run
+        self.deadline = time.monotonic() + run.budget_s
+        self.context = quickjs.Context()
+        self.context.set_max_stack_size(MAX_STACK_BYTES)
+        self.api: quickjs.Object | None = None
+        self.waiting: set[int] = set()  # tool calls the guest awaits
+        self.finished: ipc.Finished | None = None
+
+    # ------------------------------------------------------------------ driving
+
+    def start(self) -> ipc.ToolCalls | ipc.Finished:
+        run = self.run
+        try:
+            self._arm()
+            self.api = self.context.eval(BOOTSTRAP)
+            # The limit applies to guest allocations, not to the runner's own set-up.
+            self.context.set_memory_limit(run.memory_limit)
+            self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars)
+            self._arm()
+            main = self.context.eval("(" + normalize(run.code) + ")")
+            self._arm()
+            self.api("start", main)
+        except quickjs.JSException as exc:
+            return self._engine_failure(exc)
+        return self.step()
+
+    def step(self) -> ipc.ToolCalls | ipc.Finished:
+        """Run every runnable job, then report what the guest did."""
+        if self.finished is not None:
+            return self.finished
+        try:
+            while True:
+                if time.monotonic() >= self.deadline:
+                    return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, [])
+                self._arm()
+                if not self.context.execute_pending_job():
+                    break
+            assert self.api is not None
+            calls, logs, outcome = _poll_decoder.decode(self.api("poll"))
+        except quickjs.JSException as exc:
+            return self._engine_failure(exc)
+        if outcome is not None:
+            return self._outcome(outcome, logs)
+        for call in calls:
+            self.waiting.add(call[0])
+        return ipc.ToolCalls(calls=[(c[0], c[1], c[2], bytes(c[4]) if c[3] else None) for c in calls], logs=logs)
+
+    def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
+        if message.call_id in self.waiting and self.api is not None:
+            self.waiting.discard(message.call_id)
+            value = None if message.value is None else message.value.decode()
+            try:
+                self._arm()
+                self.api("settle", message.call_id, message.ok, value, message.code, message.message)
+            except quickjs.JSException as exc:
+                return self._engine_failure(exc)
+        return self.step()
+
+    def abort(self) -> ipc.Finished:
+        """Reject pending tools with timeout, let the guest unwind briefly, and stop."""
+        if self.finished is not None:
+            return self.finished
+        logs: list[str] = []
+        if self.api is not None:
+            try:
+                self.context.set_time_limit(ABORT_BUDGET_S)
+                self.api("abort")
+                while self.context.execute_pending_job():
+                    pass
+                _, logs, _ = _poll_decoder.decode(self.api("poll"))
+            except quickjs.JSException:
+                pass  # the unwinding guest ran out of its budget: logs so far are lost
+        return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _arm(self) -> None:
+        """Re-arm the CPU-time interrupt with what is left of the wall budget."""
+        self.context.set_time_limit(max(self.deadline - time.monotonic(), 0.001))
+
+    def _outcome(self, outcome: list[msgspec.Raw], logs: list[str]) -> ipc.Finished:
+        status = _int_decoder.decode(outcome[0])
+        if status == 1:
+            return self._finish(True, bytes(outcome[1]), None, "", logs)
+        if status == 2:
+            return self._finish(True, None, None, "", logs)
+        code: ErrorCode = msgspec.json.decode(outcome[1], type=ErrorCode)  # type: ignore[arg-type]
+        return self._finish(False, None, code, _str_decoder.decode(outcome[2]), logs)
+
+    def _engine_failure(self, exc: quickjs.JSException) -> ipc.Finished:
+        """An exception that escaped to Python came from the engine, not from guest values.
+
+        Guest throws become promise rejections inside the bootstrap; what reaches
+        here is an interrupt, an out-of-memory the engine could not even turn into
+        an error object, a stack overflow, or a syntax error in the guest code.
+        """
+        first_line = str(exc).split("\n", 1)[0]
+        logs = self._salvage_logs()
+        if first_line == "InternalError: interrupted":
+            return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
+        if first_line in ("InternalError: out of memory", "null"):
+            return self._finish(False, None, "memory_limit", MEMORY_MESSAGE, logs)
+        message = first_line.split(": ", 1)[1] if ": " in first_line else first_line
+        return self._finish(False, None, "runtime_error", message, logs, recycle=isinstance(exc, quickjs.StackOverflow))
+
+    def _salvage_logs(self) -> list[str]:
+        """Best effort: the lines logged before an engine failure, if the runtime can still say."""
+        if self.api is None:
+            return []
+        try:
+            self.context.set_time_limit(ABORT_BUDGET_S)
+            return _poll_decoder.decode(self.api("poll"))[1]
+        except (quickjs.JSException, msgspec.DecodeError):
+            return []
+
+    def _finish(self, ok: bool, result: bytes | None, code: ErrorCode | None, message: str, logs: list[str], *, recycle: bool = False) -> ipc.Finished:
+        recycle = recycle or code in ("timeout", "memory_limit")
+        self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs, recycle=recycle)
+        return self.finished

@@ -1,0 +1,99 @@
+"""The daemon <-> worker channel: msgpack messages in length-prefixed frames.
+
+A worker is untrusted (guest code runs in it), so everything it sends is
+typed here and checked again by the session before it can reach a host.
+JSON values travel as UTF-8 JSON text (``bytes``) so the daemon can splice
+them into host frames without decoding them.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Final, TypeAlias
+
+import msgspec
+from msgspec import Struct
+
+from .messages import ErrorCode
+
+HEADER: Final = struct.Struct(">I")
+
+
+class Run(Struct, array_like=True, tag=0):
+    """Start one execution on a fresh QuickJS runtime."""
+
+    code: str
+    budget_s: float  # wall-clock seconds left of timeoutMs when the run is sent
+    memory_limit: int
+    max_log_lines: int
+    max_log_chars: int
+    providers: list[tuple[str, list[str]]]  # (namespace, [safeName, ...])
+
+
+class Settle(Struct, array_like=True, tag=1):
+    """A tool result: resolve (``value`` is JSON text, None for undefined) or reject."""
+
+    call_id: int
+    ok: bool
+    value: bytes | None = None
+    code: str = ""
+    message: str = ""
+
+
+class Abort(Struct, array_like=True, tag=2):
+    """Stop the current execution now: reject pending tools and unwind."""
+
+
+class ToolCalls(Struct, array_like=True, tag=10):
+    """Tool calls the guest made (``(call_id, provider, tool, input JSON or None)``)
+    and log lines written since the last message."""
+
+    calls: list[tuple[int, str, str, bytes | None]]
+    logs: list[str]
+
+
+class Finished(Struct, array_like=True, tag=11):
+    """The execution ended; ``recycle`` asks the pool to replace this worker."""
+
+    ok: bool
+    result: bytes | None
+    code: ErrorCode | None
+    message: str
+    logs: list[str]
+    recycle: bool = False
+
+
+class Ready(Struct, array_like=True, tag=12):
+    """The worker is initialised and waiting for a ``Run``."""
+
+
+ToWorker: TypeAlias = Run | Settle | Abort
+FromWorker: TypeAlias = ToolCalls | Finished | Ready
+
+_encoder: Final = msgspec.msgpack.Encoder()
+to_worker_decoder: Final = msgspec.msgpack.Decoder(ToWorker)
+from_worker_decoder: Final = msgspec.msgpack.Decoder(FromWorker)
+
+
+def frame(message: ToWorker | FromWorker) -> bytes:
+    body = _encoder.encode(message)
+    return HEADER.pack(len(body)) + body
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """Blocking read of exactly ``n`` bytes (worker side); EOFError on a closed channel."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("channel closed")
+        got += k
+    return bytes(buf)
+
+
+def recv_to_worker(sock: socket.socket) -> ToWorker:
+    (length,) = HEADER.unpack(recv_exactly(sock, HEADER.size))
+    return to_worker_decoder.decode(recv_exactly(sock, length))

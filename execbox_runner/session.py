@@ -1,0 +1,308 @@
+"""The runner side of one execbox session, as a pure state machine.
+
+``Session`` owns every rule of the specification's session model: ``started``
+once before any ``tool_call`` or ``done``, ``tool_call``/``tool_result``
+correlated by ``callId``, exactly one ``done`` per execution, nothing for an
+execution after its ``done``, the answer to a second ``execute``, cancellation
+and the wall-clock timeout, and the answer to every malformed frame.
+
+It knows nothing of sockets, processes or trio (Sans-I/O): the connection
+feeds it host frames, worker messages, timer expiries and transport closure,
+each with the current monotonic time, and performs the actions it returns.
+``deadline`` says when the connection must next call ``timer``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from msgspec import UNSET
+
+from . import ipc
+from .messages import (
+    BadMessage,
+    Cancel,
+    Done,
+    ErrorCode,
+    ErrorInfo,
+    Execute,
+    Started,
+    ToolCall,
+    ToolResult,
+    checked_json,
+    decode_host,
+    encode,
+)
+
+TIMEOUT_MESSAGE: Final = "Execution timed out"
+ALREADY_ACTIVE_MESSAGE: Final = "An execution is already active on this session"
+
+# WebSocket close codes (RFC 6455) for frames that cannot be answered with a ``done``.
+CLOSE_UNSUPPORTED_DATA: Final = 1003  # binary frame
+CLOSE_INVALID_PAYLOAD: Final = 1007  # not JSON
+CLOSE_POLICY_VIOLATION: Final = 1008  # JSON, but not a valid host message
+
+
+@dataclass(frozen=True, slots=True)
+class SendToHost:
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    """Acquire a worker and send it ``run``."""
+
+    run: ipc.Run
+
+
+@dataclass(frozen=True, slots=True)
+class SendToWorker:
+    message: ipc.Settle | ipc.Abort
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseWorker:
+    """The execution no longer needs its worker; reuse it only if ``reusable``."""
+
+    reusable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CloseTransport:
+    code: int
+    reason: str
+
+
+Action: TypeAlias = SendToHost | StartRun | SendToWorker | ReleaseWorker | CloseTransport
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"  # waiting for an execute
+    RUNNING = "running"  # started sent, worker executing or waiting on tools
+    ABORTING = "aborting"  # timed out or cancelled; waiting briefly for the worker's last logs
+    CLOSED = "closed"  # transport gone or closed by us
+
+
+@dataclass(slots=True)
+class _Execution:
+    id: str
+    started_at: float
+    deadline: float
+    tools: frozenset[tuple[str, str]]
+    logs: list[str]
+    pending: dict[str, int]  # callId -> worker call id
+    issued: set[int]  # every worker call id seen, to refuse repeats
+
+
+class Session:
+    """One WebSocket session: a sequence of executions, one active at a time."""
+
+    def __init__(self, *, cancel_grace: float = 0.005) -> None:
+        # How long a cancelled or timed-out worker gets to hand over its last logs
+        # before ``done`` goes out without them; well inside the host's 25 ms.
+        self.cancel_grace = cancel_grace
+        self.phase = Phase.IDLE
+        self.deadline: float | None = None
+        self._exec: _Execution | None = None
+
+    @property
+    def execution_id(self) -> str | None:
+        return self._exec.id if self._exec else None
+
+    # ------------------------------------------------------------------ host input
+
+    def receive_text(self, data: bytes | str, now: float) -> list[Action]:
+        if self.phase is Phase.CLOSED:
+            return []
+        try:
+            message = decode_host(data)
+        except BadMessage as bad:
+            return self._bad_message(bad, now)
+        if isinstance(message, Execute):
+            return self._execute(message, now)
+        if isinstance(message, Cancel):
+            if self._exec is not None and self.phase is Phase.RUNNING and message.id == self._exec.id:
+                return self._abort(now)
+            return []  # a cancel for another (or no) execution is ignored
+        return self._tool_result(message)
+
+    def receive_binary(self, now: float) -> list[Action]:
+        if self.phase is Phase.CLOSED:
+            return []
+        return self._fail_and_close(now, CLOSE_UNSUPPORTED_DATA, "binary frames are not supported; send JSON text frames")
+
+    def transport_closed(self) -> list[Action]:
+        """The host went away: the execution ends without a ``done``."""
+        active = self._exec is not None
+        self._end()
+        self.phase = Phase.CLOSED
+        return [ReleaseWorker(reusable=False)] if active else []
+
+    def _execute(self, message: Execute, now: float) -> list[Action]:
+        if self._exec is not None:
+            return [SendToHost(_failure(message.id, 0, [], "internal_error", ALREADY_ACTIVE_MESSAGE))]
+        options = message.options
+        deadline = now + options.timeoutMs / 1000
+        providers = [(p.name, [t.safeName for t in p.tools.values()]) for p in message.providers]
+        self._exec = _Execution(
+            id=message.id,
+            started_at=now,
+            deadline=deadline,
+            tools=frozenset((name, tool) for name, tools in providers for tool in tools),
+            logs=[],
+            pending={},
+            issued=set(),
+        )
+        self.phase = Phase.RUNNING
+        self.deadline = deadline
+        run = ipc.Run(
+            code=message.code,
+            budget_s=options.timeoutMs / 1000,
+            memory_limit=options.memoryLimitBytes,
+            max_log_lines=options.maxLogLines,
+            max_log_chars=options.maxLogChars,
+            providers=providers,
+        )
+        return [SendToHost(encode(Started(id=message.id))), StartRun(run)]
+
+    def _tool_result(self, message: ToolResult) -> list[Action]:
+        ex = self._exec
+        if ex is None or self.phase is not Phase.RUNNING:
+            return []
+        call_id = ex.pending.pop(message.callId, None)
+        if call_id is None:
+            return []  # unknown or already settled callId: ignored
+        if message.ok:
+            value = None if message.result is UNSET else bytes(message.result)
+            return [SendToWorker(ipc.Settle(call_id=call_id, ok=True, value=value))]
+        error = message.error
+        assert isinstance(error, ErrorInfo)  # guaranteed by ToolResult.__post_init__
+        return [SendToWorker(ipc.Settle(call_id=call_id, ok=False, code=error.code, message=error.message))]
+
+    def _bad_message(self, bad: BadMessage, now: float) -> list[Action]:
+        if bad.execute_id is not None:
+            if self._exec is not None:
+                return [SendToHost(_failure(bad.execute_id, 0, [], "internal_error", ALREADY_ACTIVE_MESSAGE))]
+            return [SendToHost(_failure(bad.execute_id, 0, [], "validation_error", f"Invalid execute message: {bad.detail}"))]
+        code = CLOSE_INVALID_PAYLOAD if bad.kind == "json" else CLOSE_POLICY_VIOLATION
+        return self._fail_and_close(now, code, bad.detail)
+
+    def _fail_and_close(self, now: float, code: int, reason: str) -> list[Action]:
+        """A frame nobody can act on: fail the active execution, then close."""
+        actions: list[Action] = []
+        ex = self._exec
+        if ex is not None:
+            actions.append(SendToHost(_failure(ex.id, _elapsed_ms(ex, now), ex.logs, "validation_error", f"Protocol error: {reason}")))
+            actions.append(ReleaseWorker(reusable=False))
+            self._end()
+        self.phase = Phase.CLOSED
+        actions.append(CloseTransport(code, _close_reason(reason)))
+        return actions
+
+    # ------------------------------------------------------------------ worker input
+
+    def worker_tool_calls(self, message: ipc.ToolCalls, now: float) -> list[Action]:
+        ex = self._exec
+        if ex is None:
+            return []
+        ex.logs.extend(message.logs)
+        if self.phase is not Phase.RUNNING:
+            return []  # unwinding after cancel/timeout: no tool_call after the decision
+        actions: list[Action] = []
+        for call_id, provider, tool, input_json in message.calls:
+            if call_id in ex.issued or (provider, tool) not in ex.tools:
+                return self.worker_lost(now, "worker sent an invalid tool call")
+            try:
+                tool_input = UNSET if input_json is None else checked_json(input_json)
+            except Exception:
+                return self.worker_lost(now, "worker sent an invalid tool input")
+            ex.issued.add(call_id)
+            call = f"call-{call_id}"
+            ex.pending[call] = call_id
+            actions.append(SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input))))
+        return actions
+
+    def worker_finished(self, message: ipc.Finished, now: float) -> list[Action]:
+        ex = self._exec
+        if ex is None:
+            return []
+        ex.logs.extend(message.logs)
+        release = ReleaseWorker(reusable=not message.recycle)
+        if self.phase is Phase.ABORTING:
+            return self._finish_timeout(now, release)
+        if message.ok:
+            try:
+                result = UNSET if message.result is None else checked_json(message.result)
+            except Exception:
+                return self.worker_lost(now, "worker sent an invalid result")
+            done = Done(id=ex.id, ok=True, durationMs=_elapsed_ms(ex, now), logs=ex.logs, result=result)
+            self._end()
+            return [SendToHost(encode(done)), release]
+        code = message.code or "internal_error"
+        if code == "timeout":
+            return self._finish_timeout(now, release)
+        done_bytes = _failure(ex.id, _elapsed_ms(ex, now), ex.logs, code, message.message)
+        self._end()
+        return [SendToHost(done_bytes), release]
+
+    def worker_lost(self, now: float, detail: str = "worker process exited unexpectedly") -> list[Action]:
+        """The worker died or misbehaved: ``internal_error``, or ``timeout`` if already aborting."""
+        ex = self._exec
+        if ex is None:
+            return []
+        release = ReleaseWorker(reusable=False)
+        if self.phase is Phase.ABORTING:
+            return self._finish_timeout(now, release)
+        done_bytes = _failure(ex.id, _elapsed_ms(ex, now), ex.logs, "internal_error", f"Runner failure: {detail}")
+        self._end()
+        return [SendToHost(done_bytes), release]
+
+    # ------------------------------------------------------------------ time
+
+    def timer(self, now: float) -> list[Action]:
+        if self.deadline is None or now < self.deadline:
+            return []
+        if self.phase is Phase.RUNNING:
+            return self._abort(now)
+        if self.phase is Phase.ABORTING:
+            return self._finish_timeout(now, ReleaseWorker(reusable=False))
+        return []
+
+    def _abort(self, now: float) -> list[Action]:
+        """Cancel or timeout: ask the worker to unwind, answer after ``cancel_grace`` at most."""
+        assert self._exec is not None
+        self.phase = Phase.ABORTING
+        self._exec.pending.clear()
+        self.deadline = now + self.cancel_grace
+        return [SendToWorker(ipc.Abort())]
+
+    def _finish_timeout(self, now: float, release: ReleaseWorker) -> list[Action]:
+        ex = self._exec
+        assert ex is not None
+        done_bytes = _failure(ex.id, _elapsed_ms(ex, now), ex.logs, "timeout", TIMEOUT_MESSAGE)
+        self._end()
+        return [SendToHost(done_bytes), release]
+
+    def _end(self) -> None:
+        self._exec = None
+        self.deadline = None
+        if self.phase is not Phase.CLOSED:
+            self.phase = Phase.IDLE
+
+
+def _elapsed_ms(ex: _Execution, now: float) -> int:
+    return max(0, round((now - ex.started_at) * 1000))
+
+
+def _failure(exec_id: str, duration_ms: int, logs: list[str], code: ErrorCode, message: str) -> bytes:
+    return encode(Done(id=exec_id, ok=False, durationMs=duration_ms, logs=logs, error=ErrorInfo(code=code, message=message)))
+
+
+def _close_reason(reason: str) -> str:
+    """A close reason must fit a control frame: at most 123 bytes of UTF-8."""
+    encoded = reason.encode()
+    if len(encoded) <= 123:
+        return reason
+    return encoded[:120].decode(errors="ignore") + "..."
