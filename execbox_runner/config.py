@@ -1,0 +1,77 @@
+"""Daemon settings: one dataclass, with the CLI flag and environment variable of each.
+
+Every setting is a ``--flag`` of ``execbox-runner serve`` and an
+``EXECBOX_RUNNER_<NAME>`` environment variable; the flag wins over the variable,
+the variable over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+ENV_PREFIX = "EXECBOX_RUNNER_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    warm_workers: int = max(2, min(os.cpu_count() or 2, 8))
+    max_workers: int = 64
+    max_executions_per_worker: int = 1000
+    max_message_bytes: int = 16 * 1024 * 1024
+    send_timeout: float = 10.0
+    handshake_timeout: float = 10.0
+    close_timeout: float = 2.0
+    cancel_grace: float = 0.005
+    log_level: str = "INFO"
+
+
+HELP: dict[str, str] = {
+    "host": "address to listen on",
+    "port": "TCP port to listen on (0 picks a free port)",
+    "warm_workers": "idle worker processes kept started ahead of demand",
+    "max_workers": "most worker processes at once; further executions wait for one",
+    "max_executions_per_worker": "executions after which a worker is replaced (0: never)",
+    "max_message_bytes": "largest WebSocket message accepted from a host (larger: close 1009)",
+    "send_timeout": "seconds a send to a host may block before the host is dropped",
+    "handshake_timeout": "seconds a client has to complete the WebSocket handshake",
+    "close_timeout": "seconds to wait for the host's half of the closing handshake",
+    "cancel_grace": "seconds a cancelled or timed-out worker has to hand over its last logs",
+    "log_level": "daemon log level (DEBUG, INFO, WARNING, ERROR)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for field in fields(Settings):
+        env = ENV_PREFIX + field.name.upper()
+        kind = type(field.default)
+        parser.add_argument(
+            "--" + field.name.replace("_", "-"),
+            dest=field.name,
+            type=kind,
+            default=None,
+            metavar=field.name.upper(),
+            help=f"{HELP[field.name]} (env {env}; default {field.default})",
+        )
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    """Settings from flags, then environment variables, then defaults."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for field in fields(Settings):
+        flag = getattr(args, field.name, None)
+        if flag is not None:
+            values[field.name] = flag
+            continue
+        env = environ.get(ENV_PREFIX + field.name.upper())
+        if env is not None:
+            try:
+                values[field.name] = type(field.default)(env)
+            except ValueError:
+                raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r}") from None
+    return Settings(**values)

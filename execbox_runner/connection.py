@@ -1,0 +1,261 @@
+"""One WebSocket connection: websockets' Sans-I/O protocol over a trio stream.
+
+The connection is the thin I/O shell around ``Session``: it completes the
+handshake, assembles text messages from frames, feeds the session host
+messages, worker messages and timer expiries, and performs the actions the
+session returns (send to the host, start or message a worker, release it,
+close). Every send to the host is bounded in time, so a peer that stops
+reading cannot hold anything else up.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+from websockets.exceptions import InvalidState
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from . import ipc
+from .pool import Worker, WorkerLost, WorkerPool
+from .session import (
+    Action,
+    CloseTransport,
+    ReleaseWorker,
+    SendToHost,
+    SendToWorker,
+    Session,
+    StartRun,
+)
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES: Final = 65536
+CLOSE_GOING_AWAY: Final = 1001
+CLOSE_INTERNAL_ERROR: Final = 1011
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_message_bytes: int
+    send_timeout_s: float
+    handshake_timeout_s: float
+    close_timeout_s: float
+    cancel_grace_s: float
+
+
+class Connection:
+    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, limits: ConnectionLimits) -> None:
+        self.stream = stream
+        self.pool = pool
+        self.limits = limits
+        self.ws = ServerProtocol(max_size=limits.max_message_bytes)
+        self.session = Session(cancel_grace=limits.cancel_grace_s)
+        self.worker: Worker | None = None
+        self._send_lock = trio.Lock()
+        self._eof = False
+        self._fragments: list[bytes] | None = None  # a text message arriving in pieces
+        self._execution_scope: trio.CancelScope | None = None
+        self._timer_scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def serve(self) -> None:
+        try:
+            with trio.move_on_after(self.limits.handshake_timeout_s):
+                if not await self._handshake():
+                    return
+            if self.ws.state is not State.OPEN:
+                return
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._timer)
+                await self._read_loop()
+                nursery.cancel_scope.cancel()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                self._perform_sync(self.session.transport_closed())
+                await self.stream.aclose()
+
+    async def _handshake(self) -> bool:
+        while True:
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return False
+            self.ws.receive_data(data)
+            for event in self.ws.events_received():
+                if isinstance(event, Request):
+                    self.ws.send_response(self.ws.accept(event))
+                    await self._flush()
+                    return self.ws.state is State.OPEN
+            if self.ws.close_expected():  # malformed handshake: websockets answered 400
+                await self._flush()
+                return False
+
+    async def _read_loop(self) -> None:
+        """Read frames until the closing handshake is over (or the peer vanishes).
+
+        Once a close frame has gone either way, the peer gets ``close_timeout``
+        to finish the handshake; the protocol's end-of-data marker means it is
+        done and the TCP connection can close.
+        """
+        close_deadline = float("inf")
+        while not self._eof:
+            with trio.move_on_at(close_deadline):
+                data = await self.stream.receive_some(RECEIVE_BYTES)
+            if trio.current_time() >= close_deadline:
+                return
+            if data:
+                self.ws.receive_data(data)
+            else:
+                self.ws.receive_eof()
+            for event in self.ws.events_received():
+                await self._frame(event)
+            await self._flush()  # pongs, close replies, close on protocol errors
+            if not data or self.ws.state is State.CLOSED:
+                return
+            if self.ws.close_expected() and close_deadline == float("inf"):
+                close_deadline = trio.current_time() + self.limits.close_timeout_s
+
+    async def _frame(self, frame: Frame) -> None:
+        now = trio.current_time()
+        opcode = frame.opcode
+        if opcode is Opcode.TEXT:
+            if frame.fin:
+                await self._perform(self.session.receive_text(frame.data, now))
+            else:
+                self._fragments = [frame.data]
+        elif opcode is Opcode.CONT and self._fragments is not None:
+            self._fragments.append(frame.data)
+            if frame.fin:
+                data, self._fragments = b"".join(self._fragments), None
+                await self._perform(self.session.receive_text(data, now))
+        elif opcode is Opcode.BINARY or (opcode is Opcode.CONT and self._fragments is None):
+            if frame.fin or opcode is Opcode.BINARY:
+                await self._perform(self.session.receive_binary(now))
+        # PING, PONG and CLOSE are answered by the protocol itself.
+
+    # ------------------------------------------------------------------ actions
+
+    async def _perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, SendToHost):
+                await self._send_text(action.data)
+            elif isinstance(action, StartRun):
+                assert self._nursery is not None
+                self._nursery.start_soon(self._execution, action.run)
+            elif isinstance(action, SendToWorker):
+                await self._to_worker(action.message)
+            elif isinstance(action, ReleaseWorker):
+                self._release(action.reusable)
+            elif isinstance(action, CloseTransport):
+                await self._close(action.code, action.reason)
+        self._rearm_timer()
+
+    def _perform_sync(self, actions: list[Action]) -> None:
+        """Actions that need no I/O (used once the transport is gone)."""
+        for action in actions:
+            if isinstance(action, ReleaseWorker):
+                self._release(action.reusable)
+
+    async def _send_text(self, data: bytes) -> None:
+        try:
+            self.ws.send_text(data)
+        except InvalidState:
+            return  # closing: nothing more can be sent
+        await self._flush()
+
+    async def _close(self, code: int, reason: str) -> None:
+        try:
+            self.ws.send_close(code, reason)
+        except InvalidState:
+            return
+        await self._flush()
+
+    async def _flush(self) -> None:
+        """Write what the protocol has queued, within the send timeout, or drop the peer."""
+        async with self._send_lock:
+            for data in self.ws.data_to_send():
+                if not data:
+                    self._eof = True  # end of data: serve() closes the socket
+                    continue
+                with trio.move_on_after(self.limits.send_timeout_s) as scope:
+                    await self.stream.send_all(data)
+                if scope.cancelled_caught:
+                    log.warning("dropping a peer that stopped reading")
+                    await self.stream.aclose()
+                    raise trio.ClosedResourceError("send timed out")
+
+    # ------------------------------------------------------------------ worker
+
+    async def _execution(self, run: ipc.Run) -> None:
+        """Acquire a worker, send it the run and relay its messages until it finishes."""
+        worker: Worker | None = None
+        with trio.CancelScope() as scope:
+            self._execution_scope = scope
+            try:
+                worker = self.worker = await self.pool.acquire()
+                await worker.send(run)
+                while True:
+                    message = await worker.receive()
+                    now = trio.current_time()
+                    if isinstance(message, ipc.ToolCalls):
+                        await self._perform(self.session.worker_tool_calls(message, now))
+                    elif isinstance(message, ipc.Finished):
+                        await self._perform(self.session.worker_finished(message, now))
+                        return
+            except WorkerLost as exc:
+                await self._perform(self.session.worker_lost(trio.current_time(), str(exc)))
+            finally:
+                if scope.cancel_called and worker is not None and self.worker is worker:
+                    # Cancelled between acquiring the worker and the session letting it go.
+                    self.worker = None
+                    self.pool.release(worker, reusable=False)
+
+    async def _to_worker(self, message: ipc.Settle | ipc.Abort) -> None:
+        worker = self.worker
+        if worker is None:
+            # Aborted before a worker was assigned: stop waiting for one.
+            if self._execution_scope is not None:
+                self._execution_scope.cancel()
+            await self._perform(self.session.worker_lost(trio.current_time(), "no worker"))
+            return
+        try:
+            with trio.move_on_after(self.limits.send_timeout_s):
+                await worker.send(message)
+        except WorkerLost:
+            pass  # its reader sees the loss and reports it
+
+    def _release(self, reusable: bool) -> None:
+        worker, self.worker = self.worker, None
+        if self._execution_scope is not None:
+            self._execution_scope.cancel()
+            self._execution_scope = None
+        if worker is not None:
+            self.pool.release(worker, reusable)
+
+    # ------------------------------------------------------------------ timer
+
+    async def _timer(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._deadline()) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            if scope.cancelled_caught and trio.current_time() >= scope.deadline:
+                await self._perform(self.session.timer(trio.current_time()))
+
+    def _deadline(self) -> float:
+        deadline = self.session.deadline
+        return deadline if deadline is not None else float("inf")
+
+    def _rearm_timer(self) -> None:
+        if self._timer_scope is not None:
+            self._timer_scope.deadline = self._deadline()

@@ -1,0 +1,204 @@
+"""A warm pool of worker processes, owned by the daemon's trio nursery.
+
+Starting a Python interpreter takes tens of milliseconds, so workers are
+started ahead of demand: the pool keeps ``warm`` idle workers ready and grows
+on demand up to ``max_workers``. An execution holds its worker until it ends;
+a worker that crashed, was killed, timed out, ran out of memory or reached
+``max_executions`` is discarded and replaced, never handed out again.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import socket
+import subprocess
+import sys
+from typing import Final
+
+import trio
+
+from . import ipc
+
+READY_TIMEOUT_S: Final = 30.0
+
+
+class WorkerLost(Exception):
+    """The worker's channel closed or carried something that is not a worker message."""
+
+
+class Worker:
+    """One worker process and its channel."""
+
+    def __init__(self, process: trio.Process, stream: trio.SocketStream, max_frame: int) -> None:
+        self.process = process
+        self.stream = stream
+        self.max_frame = max_frame
+        self.executions = 0
+        self.alive = True
+        self._buffer = bytearray()
+        self._send_lock = trio.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def send(self, message: ipc.ToWorker) -> None:
+        async with self._send_lock:
+            try:
+                await self.stream.send_all(ipc.frame(message))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise WorkerLost(str(exc)) from None
+
+    async def receive(self) -> ipc.FromWorker:
+        header = await self._read(ipc.HEADER.size)
+        (length,) = ipc.HEADER.unpack(header)
+        if length > self.max_frame:
+            raise WorkerLost(f"worker frame of {length} bytes exceeds {self.max_frame}")
+        body = await self._read(length)
+        try:
+            return ipc.from_worker_decoder.decode(body)
+        except Exception as exc:
+            raise WorkerLost(f"undecodable worker message: {exc}") from None
+
+    async def _read(self, n: int) -> bytes:
+        while len(self._buffer) < n:
+            try:
+                chunk = await self.stream.receive_some(max(65536, n - len(self._buffer)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise WorkerLost(str(exc)) from None
+            if not chunk:
+                raise WorkerLost("worker channel closed")
+            self._buffer += chunk
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    def kill(self) -> None:
+        self.alive = False
+        if self.process.returncode is None:
+            self.process.kill()
+
+
+class WorkerPool:
+    """Hands out idle workers and keeps enough of them warm."""
+
+    def __init__(self, *, warm: int, max_workers: int, max_executions: int, max_frame: int) -> None:
+        self.warm = warm
+        self.max_workers = max(max_workers, warm, 1)
+        self.max_executions = max_executions or math.inf
+        self.max_frame = max_frame
+        self.idle: collections.deque[Worker] = collections.deque()
+        self.workers: set[Worker] = set()
+        self.starting = 0
+        self.restarts = 0
+        self._waiters = trio.lowlevel.ParkingLot()
+        self._wake_spawner = trio.Event()
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def ready(self) -> bool:
+        return len(self.idle) > 0 or self.warm == 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                self._top_up()
+                while len(self.idle) < self.warm:
+                    await self._wait_change()
+                task_status.started()
+                while True:
+                    await self._wait_change()
+                    self._top_up()
+            finally:
+                for worker in list(self.workers):
+                    worker.kill()
+
+    async def _wait_change(self) -> None:
+        await self._wake_spawner.wait()
+        self._wake_spawner = trio.Event()
+
+    def _top_up(self) -> None:
+        assert self._nursery is not None
+        demand = self.warm + len(self._waiters)
+        while len(self.idle) + self.starting < demand and len(self.workers) + self.starting < self.max_workers:
+            self.starting += 1
+            self._nursery.start_soon(self._spawn)
+
+    async def _spawn(self) -> None:
+        try:
+            worker = await self._start_process()
+        except (OSError, WorkerLost, trio.TooSlowError):
+            worker = None
+        finally:
+            self.starting -= 1
+        if worker is None:
+            await trio.sleep(0.5)  # do not spin when processes cannot be started
+            self._wake_spawner.set()
+            return
+        self.workers.add(worker)
+        self.idle.append(worker)
+        self._waiters.unpark()
+        self._wake_spawner.set()
+        await self._reap(worker)
+
+    async def _start_process(self) -> Worker:
+        parent, child = socket.socketpair()
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "execbox_runner.worker", str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            )
+        finally:
+            child.close()
+        worker = Worker(process, trio.SocketStream(trio.socket.from_stdlib_socket(parent)), self.max_frame)
+        try:
+            with trio.fail_after(READY_TIMEOUT_S):
+                if not isinstance(await worker.receive(), ipc.Ready):
+                    raise WorkerLost("worker did not start with Ready")
+        except BaseException:
+            worker.kill()
+            await process.wait()
+            await worker.stream.aclose()
+            raise
+        return worker
+
+    async def _reap(self, worker: Worker) -> None:
+        """Wait for the worker to exit, whenever that is, and forget it."""
+        try:
+            await worker.process.wait()
+        finally:
+            worker.alive = False
+            self.workers.discard(worker)
+            if worker in self.idle:
+                self.idle.remove(worker)
+            self.restarts += 1
+            with trio.CancelScope(shield=True):
+                await worker.stream.aclose()
+            self._wake_spawner.set()
+
+    async def acquire(self) -> Worker:
+        """An idle live worker; waits (and asks for more) when none is idle."""
+        while True:
+            while self.idle:
+                worker = self.idle.popleft()
+                if worker.alive:
+                    self._wake_spawner.set()
+                    return worker
+            self._wake_spawner.set()
+            await self._waiters.park()
+
+    def release(self, worker: Worker, reusable: bool) -> None:
+        """Return a worker after an execution; anything doubtful is killed instead."""
+        worker.executions += 1
+        if reusable and worker.alive and worker.executions < self.max_executions:
+            self.idle.append(worker)
+            self._waiters.unpark()
+        else:
+            worker.kill()
+        self._wake_spawner.set()
