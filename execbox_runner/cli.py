@@ -38,15 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     settings = config.resolve(args)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    status = 0
     try:
         trio.run(_serve_until_signalled, settings)
     except* OSError as group:  # e.g. the port is taken
         exc = group.exceptions[0]
         print(f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-        return 1
+        status = 1
     except* KeyboardInterrupt:
         pass  # a second signal while stopping: we are stopping anyway
-    return 0
+    return status
 
 
 if __name__ == "__main__":
