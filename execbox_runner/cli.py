@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(_serve_until_signalled, settings)
     except* OSError as group:  # e.g. the port is taken
-        exc = group.exceptions[0]
+        exc: BaseException = group
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
         print(f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
         status = 1
     except* KeyboardInterrupt:
