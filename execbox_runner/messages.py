@@ -68,10 +68,22 @@ class RuntimeOptions(Struct, frozen=True):
 
 
 class Execute(Struct, tag="execute", tag_field="type", frozen=True):
+    """Provider names, and tool names within a provider, must be unique: each
+    becomes one guest global or property, so a repeat would silently shadow."""
+
     id: str
     code: str
     options: RuntimeOptions
     providers: list[ProviderManifest]
+
+    def __post_init__(self) -> None:
+        names = [provider.name for provider in self.providers]
+        if len(set(names)) != len(names):
+            raise ValueError("provider names must be unique")
+        for provider in self.providers:
+            tools = [tool.safeName for tool in provider.tools.values()]
+            if len(set(tools)) != len(tools):
+                raise ValueError(f"tool safeNames of provider {provider.name!r} must be unique")
 
 
 class Cancel(Struct, tag="cancel", tag_field="type", frozen=True):
