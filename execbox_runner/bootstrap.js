@@ -50,6 +50,7 @@
 
   // ---------------------------------------------------------------- outcome state
   const TIMEOUT_MESSAGE = "Execution timed out";
+  const MEMORY_MESSAGE = "Memory limit exceeded";
   const trusted = new WeakMap(); // host-made errors -> [code, message]; never on the error itself
   const pending = new MapCtor(); // call id -> [resolve, reject]
   const outbox = new MapCtor(); // call id -> JSON text of [id, provider, tool, input]
@@ -214,7 +215,8 @@
     return promise;
   };
 
-  const install = (providersText, lines, chars) => {
+  const install = (providersText, lines, chars, memoryLimit) => {
+    headroomProbe = memoryLimit / 4;
     maxLogLines = lines;
     logCharsLeft = chars;
     const providers = parse(providersText);
@@ -258,7 +260,7 @@
     if (outcome !== null) return;
     const record = error !== null && typeof error === "object" ? weakMapGet(trusted, error) : undefined;
     if (record !== undefined) settleError(record[0], record[1]);
-    else if (isEngineOutOfMemory(error)) settleError("memory_limit", "Memory limit exceeded");
+    else if (isEngineOutOfMemory(error) || (error === null && memoryExhausted)) settleError("memory_limit", MEMORY_MESSAGE);
     else settleError("runtime_error", errorMessage(error));
   };
 
@@ -276,10 +278,28 @@
     }
   };
 
+  // When memory is exhausted the engine may not manage to allocate its error and
+  // throws null, which guest code can also throw. guard() is handed only to the
+  // guest's top frame (see guest.py) and called there with what was thrown while
+  // the guest's memory is still held: if a quarter of the limit cannot be
+  // allocated either, memory really is exhausted, and that is recorded here,
+  // outside the guest's reach, allocating nothing.
+  const Uint8ArrayCtor = Uint8Array;
+  let headroomProbe = 1;
+  let memoryExhausted = false;
+  const guard = (error) => {
+    if (error !== null || memoryExhausted) return;
+    try {
+      new Uint8ArrayCtor(headroomProbe);
+    } catch {
+      memoryExhausted = true;
+    }
+  };
+
   const start = (main) => {
     let promise;
     try {
-      promise = main();
+      promise = main(guard);
     } catch (error) {
       fail(error);
       return;
@@ -307,7 +327,7 @@
     const callbacks = mapGet(pending, id);
     if (callbacks === undefined) return;
     mapDelete(pending, id);
-    if (ok) callbacks[0](valueText === undefined ? undefined : parse(valueText));
+    if (ok) callbacks[0](valueText === null || valueText === undefined ? undefined : parse(valueText));
     else callbacks[1](trustedError(code, message));
   };
 
@@ -321,7 +341,7 @@
   return (op, a, b, c, d, e) => {
     switch (op) {
       case "install":
-        return install(a, b, c);
+        return install(a, b, c, d);
       case "start":
         return start(a);
       case "poll":

@@ -16,6 +16,7 @@ to us only through the bootstrap's outbox, read by ``poll``.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from importlib import resources
 from typing import Final
@@ -25,7 +26,7 @@ import quickjs
 
 from . import ipc
 from .messages import ErrorCode
-from .normalize import normalize
+from .normalize import Program, normalize
 
 BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_text()
 # Below the worker thread's real stack (8 MiB main thread): a larger QuickJS
@@ -40,6 +41,19 @@ _Call = tuple[int, str, str, bool, msgspec.Raw]
 _poll_decoder: Final = msgspec.json.Decoder(tuple[list[_Call], list[str], list[msgspec.Raw] | None])
 _int_decoder: Final = msgspec.json.Decoder(int)
 _str_decoder: Final = msgspec.json.Decoder(str)
+
+
+def guarded_source(program: Program) -> str:
+    """The program as an async function whose top frame reports exhausted memory.
+
+    Its catch clause hands whatever the guest body threw to the bootstrap's
+    ``guard`` while the guest's memory is still held (see bootstrap.js). The
+    parameter name is random per execution, so guest code cannot reach the guard.
+    """
+    if program.body is None:
+        return "(" + program.source() + ")"
+    tag = "__execbox_" + secrets.token_hex(8)
+    return f"(async ({tag}_guard) => {{\ntry {{\n{program.body}\n}} catch ({tag}_e) {{ {tag}_guard({tag}_e); throw {tag}_e; }}\n}})"
 
 
 class GuestRun:
@@ -67,9 +81,9 @@ class GuestRun:
             self.api = self.context.eval(BOOTSTRAP)
             # The limit applies to guest allocations, not to the runner's own set-up.
             self.context.set_memory_limit(run.memory_limit)
-            self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars)
+            self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars, run.memory_limit)
             self._arm()
-            main = self.context.eval("(" + normalize(run.code) + ")")
+            main = self.context.eval(guarded_source(normalize(run.code)))
             self._arm()
             self.api("start", main)
         except quickjs.JSException as exc:

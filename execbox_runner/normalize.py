@@ -14,12 +14,13 @@ normalization (acorn-based in TypeScript), using a real JavaScript parser
 * top-level ``await`` works everywhere, because the body runs in an async function.
 
 Code that does not parse is wrapped unchanged, so the engine reports the syntax
-error with its own message. The output is JavaScript source for an async
-function expression, which the worker evaluates and calls.
+error with its own message. ``Program.source()`` is the JavaScript source of an
+async function expression, which the worker evaluates and calls.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import tree_sitter
@@ -49,22 +50,32 @@ def strip_fence(code: str) -> str:
     return body[:-1] if body.endswith("\n") else body
 
 
-def _wrap(body: str) -> str:
-    return "async () => {\n" + body + "\n}" if body.strip() else "async () => {}"
+@dataclass(frozen=True)
+class Program:
+    """Normalized guest code: the body of an async function, or a lone async arrow to call."""
+
+    body: str | None = None
+    arrow: str | None = None
+
+    def source(self) -> str:
+        """JavaScript source of the async function expression that runs the program."""
+        if self.arrow is not None:
+            return self.arrow
+        return "async () => {\n" + self.body + "\n}" if self.body else "async () => {}"
 
 
-def normalize(code: str) -> str:
-    """Return the source of an async function expression that runs ``code``."""
+def normalize(code: str) -> Program:
+    """Normalize guest code as execbox does (see the module docstring)."""
     source = strip_fence(code).strip()
     if not source:
-        return "async () => {}"
+        return Program(body="")
     data = source.encode()
     root = _parser().parse(data).root_node
     if root.has_error:
-        return _wrap(source)
+        return Program(body=source)
     statements = [node for node in root.named_children if node.type != "comment"]
     if not statements:
-        return "async () => {}"
+        return Program(body="")
 
     def text(node: tree_sitter.Node) -> str:
         return data[node.start_byte : node.end_byte].decode()
@@ -74,15 +85,15 @@ def normalize(code: str) -> str:
         if last.type == "function_declaration" or last.type == "generator_function_declaration":
             name = last.child_by_field_name("name")
             if name is not None:
-                return _wrap(source + "\nreturn " + text(name) + "();")
+                return Program(body=source + "\nreturn " + text(name) + "();")
         expression = _expression(last)
         if expression is not None and expression.type == "arrow_function" and _is_async(expression):
-            return text(expression)
+            return Program(arrow=text(expression))
     expression = _expression(last)
     if expression is None:
-        return _wrap(source)
+        return Program(body=source)
     prefix = data[: last.start_byte].decode().rstrip()
-    return _wrap((prefix + "\n" if prefix else "") + "return (" + text(expression) + ");")
+    return Program(body=(prefix + "\n" if prefix else "") + "return (" + text(expression) + ");")
 
 
 def _expression(statement: tree_sitter.Node) -> tree_sitter.Node | None:

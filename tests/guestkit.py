@@ -1,0 +1,70 @@
+"""Drive a ``GuestRun`` the way a worker does, answering tool calls with a host function."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from execbox_runner import ipc
+from execbox_runner.guest import GuestRun
+
+Host = Callable[[str, str, Any], Any]
+UNDEFINED = object()
+
+
+class HostError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def echo_host(provider: str, tool: str, value: Any) -> Any:
+    return value
+
+
+def run(
+    code: str,
+    *,
+    host: Host = echo_host,
+    providers: list[tuple[str, list[str]]] | None = None,
+    memory: int = 64 << 20,
+    budget: float = 5.0,
+    lines: int = 100,
+    chars: int = 64000,
+    record: list[tuple[str, str, Any]] | None = None,
+) -> ipc.Finished:
+    """Run guest code to completion; ``record`` collects (provider, tool, input) of each call."""
+    if providers is None:
+        providers = [("tools", ["echo", "fail"])]
+    guest = GuestRun(ipc.Run(code=code, budget_s=budget, memory_limit=memory, max_log_lines=lines, max_log_chars=chars, providers=providers))
+    out = guest.start()
+    logs: list[str] = []
+    for _ in range(1000):
+        logs += out.logs
+        if isinstance(out, ipc.Finished):
+            return ipc.Finished(ok=out.ok, result=out.result, code=out.code, message=out.message, logs=logs, recycle=out.recycle)
+        assert out.calls, "guest stalled with no tool call pending"
+        for call_id, provider, tool, raw in out.calls:
+            value = UNDEFINED if raw is None else json.loads(raw)
+            if record is not None:
+                record.append((provider, tool, value))
+            try:
+                answer = host(provider, tool, value)
+            except HostError as exc:
+                out = guest.settle(ipc.Settle(call_id=call_id, ok=False, code=exc.code, message=exc.message))
+            else:
+                payload = None if answer is UNDEFINED else json.dumps(answer).encode()
+                out = guest.settle(ipc.Settle(call_id=call_id, ok=True, value=payload))
+    raise AssertionError("guest did not finish")
+
+
+def value(finished: ipc.Finished) -> Any:
+    """The successful result as Python (UNDEFINED for an omitted result)."""
+    assert finished.ok, (finished.code, finished.message)
+    return UNDEFINED if finished.result is None else json.loads(finished.result)
+
+
+def error(finished: ipc.Finished) -> tuple[str | None, str]:
+    assert not finished.ok, finished.result
+    return finished.code, finished.message

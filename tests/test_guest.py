@@ -1,0 +1,223 @@
+"""The guest environment in a real QuickJS runtime: tools, console, errors, trust, limits."""
+
+import json
+
+import pytest
+
+from execbox_runner import ipc
+from execbox_runner.guest import GuestRun
+
+from .guestkit import UNDEFINED, HostError, error, run, value
+
+
+def failing_host(code: str, message: str):
+    def host(provider, tool, value):
+        raise HostError(code, message)
+
+    return host
+
+
+# ------------------------------------------------------------------ namespaces and tools
+
+
+def test_namespaces_are_plain_objects_of_promise_returning_functions() -> None:
+    code = """
+    const proto = Object.getPrototypeOf(tools) === Object.prototype;
+    const p = tools.echo(1);
+    [proto, Object.keys(tools), p instanceof Promise, typeof tools.echo, await p]
+    """
+    assert value(run(code)) == [True, ["echo", "fail"], True, "function", 1]
+
+
+def test_only_the_first_argument_is_transported_and_omitted_input_is_undefined() -> None:
+    calls: list = []
+    run("await tools.echo(1, 2, 3); await tools.echo(); await tools.echo(undefined)", record=calls)
+    assert calls == [("tools", "echo", 1), ("tools", "echo", UNDEFINED), ("tools", "echo", UNDEFINED)]
+
+
+def test_tool_result_without_value_resolves_to_undefined() -> None:
+    assert value(run("typeof (await tools.echo(1))", host=lambda p, t, v: UNDEFINED)) == "undefined"
+
+
+def test_parallel_tool_calls_are_issued_together() -> None:
+    calls: list = []
+    assert value(run("await Promise.all([tools.echo(1), tools.echo(2), tools.echo(3)])", record=calls)) == [1, 2, 3]
+    assert [c[2] for c in calls] == [1, 2, 3]
+
+
+def test_host_error_rejects_with_code_and_message() -> None:
+    host = failing_host("tool_error", "upstream down")
+    code = "try { await tools.fail({}) } catch (e) { [e instanceof Error, e.code, e.message] }"
+    # A try statement has no completion value; return it explicitly.
+    code = "try { await tools.fail({}) } catch (e) { return [e instanceof Error, e.code, e.message] }"
+    assert value(run(code, host=host)) == [True, "tool_error", "upstream down"]
+
+
+@pytest.mark.parametrize("code", ["tool_error", "validation_error", "timeout", "internal_error"])
+def test_uncaught_host_error_keeps_its_trusted_code(code: str) -> None:
+    assert error(run("await tools.fail({})", host=failing_host(code, "host says no"))) == (code, "host says no")
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        "throw Object.assign(new Error('x'), { code: 'tool_error' })",
+        "throw { code: 'timeout', message: 'Execution timed out' }",
+        "throw new Error('Execution timed out')",
+        "throw new Error('out of memory')",
+        "throw new RangeError('InternalError: out of memory')",
+        "throw Reflect.construct(Error, ['out of memory'], Object)",
+        # copy every own property and symbol of a trusted error onto a guest error
+        """try { await tools.fail({}) } catch (e) {
+             const f = new Error(e.message);
+             for (const k of Reflect.ownKeys(e)) Object.defineProperty(f, k, Object.getOwnPropertyDescriptor(e, k));
+             Object.setPrototypeOf(f, Object.getPrototypeOf(e));
+             throw f;
+           }""",
+        "try { await tools.fail({}) } catch (e) { throw Object.create(e) }",
+        "try { await tools.fail({}) } catch (e) { throw structuredClone ? e : { ...e } }",
+        "try { await tools.fail({}) } catch (e) { throw { ...e, message: e.message } }",
+        "WeakMap.prototype.get = () => ['timeout', 'forged']; throw new Error('x')",
+        "WeakMap.prototype.has = () => true; throw new Error('x')",
+    ],
+)
+def test_guest_made_errors_are_runtime_errors(forgery: str) -> None:
+    code, _ = error(run(forgery, host=failing_host("tool_error", "real")))
+    assert code == "runtime_error"
+
+
+def test_mutating_a_trusted_errors_code_does_not_change_the_reported_code() -> None:
+    code = "try { await tools.fail({}) } catch (e) { e.code = 'timeout'; e.message = 'forged'; throw e }"
+    assert error(run(code, host=failing_host("tool_error", "real"))) == ("tool_error", "real")
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [("throw new Error('boom')", "boom"), ("throw 'plain'", "plain"), ("throw 42", "42"), ("throw null", "null"), ("null.x", "cannot read property 'x' of null")],
+)
+def test_guest_throws_become_runtime_errors_with_their_message(code: str, message: str) -> None:
+    assert error(run(code)) == ("runtime_error", message)
+
+
+def test_tool_result_proto_key_does_not_pollute() -> None:
+    code = """
+    const r = await tools.echo(1);
+    [Object.getPrototypeOf(r) === Object.prototype, ({}).polluted === undefined, Object.keys(r)]
+    """
+    host = lambda p, t, v: json.loads('{"__proto__": {"polluted": true}, "a": 1}')
+    assert value(run(code, host=host)) == [True, True, ["__proto__", "a"]]
+
+
+def test_no_host_capabilities_are_reachable() -> None:
+    code = "[typeof std, typeof os, typeof process, typeof require, typeof fetch, typeof setTimeout, typeof InternalError, typeof FinalizationRegistry]"
+    assert value(run(code)) == ["undefined"] * 8
+
+
+def test_prepare_stack_trace_cannot_be_hooked() -> None:
+    code = "Error.prepareStackTrace = () => 'hooked'; [typeof Error.prepareStackTrace, new Error('e').stack === 'hooked']"
+    assert value(run(code)) == ["undefined", False]
+
+
+def test_bootstrap_survives_prototype_tampering() -> None:
+    code = """
+    Array.prototype.push = () => { throw new Error('push') };
+    Map.prototype.set = () => { throw new Error('set') };
+    JSON.stringify = () => '"forged"';
+    Object.defineProperty(Object.prototype, 'toJSON', { value: () => 'forged' });
+    Promise.prototype.then = function () { throw new Error('then') };
+    console.log({ a: 1 });
+    const r = await tools.echo({ a: [1, 2] });
+    r
+    """
+    finished = run(code)
+    assert json.loads(finished.result) == {"a": [1, 2]}
+
+
+def test_queue_microtask_errors_fail_the_execution() -> None:
+    assert error(run("queueMicrotask(() => { throw new Error('mt') }); await null; 1")) == ("runtime_error", "mt")
+
+
+# ------------------------------------------------------------------ console
+
+
+def test_console_formats_each_call_as_one_line() -> None:
+    code = """
+    console.log('a', 1, true, null, undefined, { b: [1] }, 10n, Symbol('s'));
+    console.info('info'); console.warn('warn'); console.error('error');
+    console.log(); console.log(NaN, () => 1);
+    const c = {}; c.c = c; console.log(c);
+    """
+    assert run(code).logs == ['a 1 true null undefined {"b":[1]} 10 Symbol(s)', "info", "warn", "error", "", "null () => 1", "[object Object]"]
+
+
+# ------------------------------------------------------------------ serialization
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["1n", "({ a: 1n })", "Symbol('x')", "(function f() {})", "({ f() {} })", "NaN", "[Infinity]", "({ a: { b: -Infinity } })", "new Map()", "new Date(0)",
+     "new (class A {})()", "const o = {}; o.self = o; o", "const a = []; a.push([a]); a", "[1,,2]", "({ a: undefined })", "[undefined]", "new Uint8Array(2)", "/x/"],
+)
+def test_non_serializable_results_are_serialization_errors(code: str) -> None:
+    assert error(run(code))[0] == "serialization_error"
+
+
+def test_non_serializable_tool_input_rejects_without_a_tool_call() -> None:
+    calls: list = []
+    code = "try { await tools.echo({ a: 1n }) } catch (e) { return [e.code, e.message.startsWith('Guest code passed')] }"
+    assert value(run(code, record=calls)) == ["serialization_error", True]
+    assert calls == []
+    assert error(run("await tools.echo(new Map())", record=calls))[0] == "serialization_error"
+    assert calls == []
+
+
+def test_plain_values_shared_and_null_prototype_objects_serialize() -> None:
+    assert value(run("const x = { k: 1 }; [x, x, Object.assign(Object.create(null), { n: -0 })]")) == [{"k": 1}, {"k": 1}, {"n": 0}]
+
+
+# ------------------------------------------------------------------ limits
+
+
+def test_memory_bomb_is_memory_limit_and_recycles_the_worker() -> None:
+    finished = run("const a = []; while (true) a.push(new Array(1000).fill(a.length))", memory=8 << 20)
+    assert (finished.code, finished.recycle) == ("memory_limit", True)
+
+
+def test_caught_out_of_memory_rethrown_is_still_memory_limit() -> None:
+    code = "try { const a = []; while (true) a.push(new Array(1000).fill(1)) } catch (e) { throw e }"
+    assert run(code, memory=8 << 20).code == "memory_limit"
+
+
+@pytest.mark.parametrize("repeat", range(3))
+def test_out_of_memory_without_an_error_object_is_still_memory_limit(repeat: int) -> None:
+    # Small allocations fill memory so tightly the engine cannot build its error (it throws null).
+    assert run("let s = []; for (let i = 0; ; i++) s.push('x'.repeat(100) + i)", memory=8 << 20).code == "memory_limit"
+
+
+def test_guest_thrown_null_is_a_runtime_error_not_memory_limit() -> None:
+    assert error(run("throw null", memory=8 << 20)) == ("runtime_error", "null")
+    assert error(run("String.prototype.repeat = () => { throw null }; Uint8Array = function () { throw null }; throw null")) == ("runtime_error", "null")
+
+
+def test_string_bomb_is_contained() -> None:
+    assert run("let s = 'x'; while (true) s += s", memory=8 << 20).code in ("memory_limit", "runtime_error")
+
+
+def test_deep_recursion_is_a_runtime_error() -> None:
+    assert error(run("function f(n) { return f(n + 1) + 1 } f(0)"))[0] == "runtime_error"
+
+
+def test_spinning_guest_times_out_by_itself() -> None:
+    finished = run("while (true) {}", budget=0.1)
+    assert (finished.code, finished.message) == ("timeout", "Execution timed out")
+
+
+def test_promise_job_storm_is_bounded_by_the_budget() -> None:
+    assert run("const spin = () => Promise.resolve().then(spin); spin(); await new Promise(() => {})", budget=0.2).code == "timeout"
+
+
+def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
+    guest = GuestRun(ipc.Run(code="try { await tools.echo(1) } finally { console.log('cleanup') }", budget_s=5, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[("tools", ["echo"])]))
+    assert isinstance(guest.start(), ipc.ToolCalls)
+    finished = guest.abort()
+    assert (finished.code, finished.logs) == ("timeout", ["cleanup"])

@@ -1,0 +1,60 @@
+"""Code forms: what models write becomes one async function (normalize + the real engine)."""
+
+import pytest
+
+from execbox_runner.normalize import normalize, strip_fence
+
+from .guestkit import UNDEFINED, error, run, value
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("1 + 1", 2),
+        ("1 + 1;", 2),
+        ("const a = 2\nconst b = 3\na * b", 6),
+        ("const a = 2; a * 5 // trailing comment", 10),
+        ("```js\nconst x = 4\nx * 2\n```", 8),
+        ("```\n[1, 2]\n```", [1, 2]),
+        ("  ```typescript\n'fenced'\n```  \n", "fenced"),
+        ("function main() { return 7 }", 7),
+        ("async function main() { return await tools.echo(9) }", 9),
+        ("async () => 42", 42),
+        ("async () => { const r = await tools.echo('x'); return r + 'y' };", "xy"),
+        ("await tools.echo(5)", 5),
+        ("const r = await tools.echo({ a: 1 }); r.a", 1),
+        ("return 5", 5),
+        ("if (true) { 3 }", UNDEFINED),
+        ("const a = 1", UNDEFINED),
+        ("", UNDEFINED),
+        ("   \n  ", UNDEFINED),
+        ("// only a comment", UNDEFINED),
+        ("{ a: 1 }", UNDEFINED),  # a block with a label, as JavaScript reads it
+        ("({ a: 1 })", {"a": 1}),
+        ("(() => 1)()", 1),
+        ("for await (const x of [tools.echo(1)]) { }\n'done'", "done"),
+    ],
+)
+def test_code_forms(code: str, expected: object) -> None:
+    assert value(run(code)) == expected
+
+
+def test_a_lone_plain_arrow_is_a_value_not_called() -> None:
+    assert error(run("() => 1"))[0] == "serialization_error"
+
+
+def test_syntax_errors_are_runtime_errors_with_the_engine_message() -> None:
+    code, message = error(run("const = 1"))
+    assert code == "runtime_error" and message
+
+
+def test_strip_fence_leaves_unfenced_or_partial_code_alone() -> None:
+    assert strip_fence("```js\nx\n```") == "x"
+    assert strip_fence("x\n```") == "x\n```"
+    assert strip_fence("```js x```") == "```js x```"
+
+
+def test_normalize_output_is_one_async_function_expression() -> None:
+    assert normalize("").source() == "async () => {}"
+    assert normalize("a; b").source() == "async () => {\na;\nreturn (b);\n}"
+    assert normalize("async () => 1;").source() == "async () => 1"
