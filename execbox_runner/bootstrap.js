@@ -307,7 +307,7 @@
     promiseThen(promise, succeed, fail);
   };
 
-  // Everything the guest did since the last poll, as one JSON text:
+  // Everything the guest did since the last poll, as one flat JSON text:
   // [calls, logs, outcome-or-null]; calls are [id, provider, tool, hasInput, input].
   const poll = () => {
     let calls = "";
@@ -320,7 +320,9 @@
       lines += (lines ? "," : "") + mapGet(logs, logLinesSent);
       mapDelete(logs, logLinesSent);
     }
-    return `[[${calls}],[${lines}],${outcome === null ? "null" : outcome}]`;
+    // slice() flattens the rope strings that concatenation builds: the Python
+    // binding cannot convert a rope.
+    return slice(`[[${calls}],[${lines}],${outcome === null ? "null" : outcome}]`, 0);
   };
 
   const settle = (id, ok, valueText, code, message) => {

@@ -23,6 +23,7 @@ class Settings:
     max_workers: int = 64
     max_executions_per_worker: int = 1000
     max_message_bytes: int = 16 * 1024 * 1024
+    max_output_bytes: int = 16 * 1024 * 1024
     send_timeout: float = 10.0
     handshake_timeout: float = 10.0
     close_timeout: float = 2.0
@@ -37,6 +38,7 @@ HELP: dict[str, str] = {
     "max_workers": "most worker processes at once; further executions wait for one",
     "max_executions_per_worker": "executions after which a worker is replaced (0: never)",
     "max_message_bytes": "largest WebSocket message accepted from a host (larger: close 1009)",
+    "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
     "send_timeout": "seconds a send to a host may block before the host is dropped",
     "handshake_timeout": "seconds a client has to complete the WebSocket handshake",
     "close_timeout": "seconds to wait for the host's half of the closing handshake",

@@ -107,9 +107,31 @@ class GuestRun:
             return self._engine_failure(exc)
         if outcome is not None:
             return self._outcome(outcome, logs)
-        for call in calls:
-            self.waiting.add(call[0])
-        return ipc.ToolCalls(calls=[(c[0], c[1], c[2], bytes(c[4]) if c[3] else None) for c in calls], logs=logs)
+        forwarded: list[tuple[int, str, str, bytes | None]] = []
+        oversized: list[int] = []
+        room = self.run.max_output_bytes
+        for call_id, provider, tool, has_input, raw in calls:
+            data = bytes(raw) if has_input else None
+            room -= len(data or b"")
+            if room < 0:
+                oversized.append(call_id)
+            else:
+                self.waiting.add(call_id)
+                forwarded.append((call_id, provider, tool, data))
+        if not oversized:
+            return ipc.ToolCalls(calls=forwarded, logs=logs)
+        # Too big to send: reject them in the guest like any unserializable input.
+        message = f"Guest code passed tool input larger than the runner's limit of {self.run.max_output_bytes} bytes"
+        try:
+            for call_id in oversized:
+                self._arm()
+                self.api("settle", call_id, False, None, "serialization_error", message)
+        except quickjs.JSException as exc:
+            return self._engine_failure(exc)
+        after = self.step()
+        if isinstance(after, ipc.Finished):
+            return ipc.Finished(ok=after.ok, result=after.result, code=after.code, message=after.message, logs=logs + after.logs, recycle=after.recycle)
+        return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
 
     def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
         if message.call_id in self.waiting and self.api is not None:
@@ -147,7 +169,11 @@ class GuestRun:
     def _outcome(self, outcome: list[msgspec.Raw], logs: list[str]) -> ipc.Finished:
         status = _int_decoder.decode(outcome[0])
         if status == 1:
-            return self._finish(True, bytes(outcome[1]), None, "", logs)
+            result = bytes(outcome[1])
+            if len(result) > self.run.max_output_bytes:
+                message = f"Guest code returned a value of {len(result)} bytes, over the runner's limit of {self.run.max_output_bytes} bytes"
+                return self._finish(False, None, "serialization_error", message, logs)
+            return self._finish(True, result, None, "", logs)
         if status == 2:
             return self._finish(True, None, None, "", logs)
         code: ErrorCode = msgspec.json.decode(outcome[1], type=ErrorCode)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ class Run(Struct, array_like=True, tag=0):
     max_log_lines: int
     max_log_chars: int
     providers: list[tuple[str, list[str]]]  # (namespace, [safeName, ...])
+    max_output_bytes: int  # largest result, or tool inputs of one message, in JSON bytes
 
 
 class Settle(Struct, array_like=True, tag=1):

@@ -23,7 +23,7 @@ async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, i
         warm=settings.warm_workers,
         max_workers=settings.max_workers,
         max_executions=settings.max_executions_per_worker,
-        max_frame=2 * settings.max_message_bytes + (1 << 20),
+        max_frame=2 * settings.max_output_bytes + (1 << 20),
     )
     limits = ConnectionLimits(
         max_message_bytes=settings.max_message_bytes,
@@ -31,6 +31,7 @@ async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, i
         handshake_timeout_s=settings.handshake_timeout,
         close_timeout_s=settings.close_timeout,
         cancel_grace_s=settings.cancel_grace,
+        max_output_bytes=settings.max_output_bytes,
     )
 
     async def handle(stream: trio.SocketStream) -> None:

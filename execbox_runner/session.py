@@ -99,10 +99,14 @@ class _Execution:
 class Session:
     """One WebSocket session: a sequence of executions, one active at a time."""
 
-    def __init__(self, *, cancel_grace: float = 0.005) -> None:
+    def __init__(self, *, cancel_grace: float = 0.005, max_output_bytes: int = 16 << 20) -> None:
         # How long a cancelled or timed-out worker gets to hand over its last logs
         # before ``done`` goes out without them; well inside the host's 25 ms.
         self.cancel_grace = cancel_grace
+        # Bounds what one execution can make the runner send: results and tool
+        # inputs (enforced in the worker) and logs (maxLogChars is capped so that
+        # even six-byte JSON escapes fit).
+        self.max_output_bytes = max_output_bytes
         self.phase = Phase.IDLE
         self.deadline: float | None = None
         self._exec: _Execution | None = None
@@ -162,8 +166,9 @@ class Session:
             budget_s=options.timeoutMs / 1000,
             memory_limit=options.memoryLimitBytes,
             max_log_lines=options.maxLogLines,
-            max_log_chars=options.maxLogChars,
+            max_log_chars=min(options.maxLogChars, self.max_output_bytes // 6),
             providers=providers,
+            max_output_bytes=self.max_output_bytes,
         )
         return [SendToHost(encode(Started(id=message.id))), StartRun(run)]
 

@@ -32,12 +32,13 @@ def run(
     budget: float = 5.0,
     lines: int = 100,
     chars: int = 64000,
+    max_output: int = 16 << 20,
     record: list[tuple[str, str, Any]] | None = None,
 ) -> ipc.Finished:
     """Run guest code to completion; ``record`` collects (provider, tool, input) of each call."""
     if providers is None:
         providers = [("tools", ["echo", "fail"])]
-    guest = GuestRun(ipc.Run(code=code, budget_s=budget, memory_limit=memory, max_log_lines=lines, max_log_chars=chars, providers=providers))
+    guest = GuestRun(ipc.Run(code=code, budget_s=budget, memory_limit=memory, max_log_lines=lines, max_log_chars=chars, providers=providers, max_output_bytes=max_output))
     out = guest.start()
     logs: list[str] = []
     for _ in range(1000):

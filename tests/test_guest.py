@@ -171,6 +171,16 @@ def test_non_serializable_tool_input_rejects_without_a_tool_call() -> None:
     assert calls == []
 
 
+def test_output_larger_than_the_runner_limit_is_a_serialization_error() -> None:
+    assert error(run("'x'.repeat(2000)", max_output=1000))[0] == "serialization_error"
+    calls: list = []
+    code = "try { await tools.echo('x'.repeat(600)) ; await Promise.all([tools.echo('y'.repeat(600)), tools.echo('z'.repeat(600))]) } catch (e) { return e.code }"
+    assert value(run(code, max_output=1000, record=calls)) == "serialization_error"
+    # The third input did not fit beside the second; Promise.all then rejected at once,
+    # so the guest finished before the second was ever sent.
+    assert [len(c[2]) for c in calls] == [600]
+
+
 def test_plain_values_shared_and_null_prototype_objects_serialize() -> None:
     assert value(run("const x = { k: 1 }; [x, x, Object.assign(Object.create(null), { n: -0 })]")) == [{"k": 1}, {"k": 1}, {"n": 0}]
 
@@ -217,7 +227,7 @@ def test_promise_job_storm_is_bounded_by_the_budget() -> None:
 
 
 def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
-    guest = GuestRun(ipc.Run(code="try { await tools.echo(1) } finally { console.log('cleanup') }", budget_s=5, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[("tools", ["echo"])]))
+    guest = GuestRun(ipc.Run(code="try { await tools.echo(1) } finally { console.log('cleanup') }", budget_s=5, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[("tools", ["echo"])], max_output_bytes=1 << 20))
     assert isinstance(guest.start(), ipc.ToolCalls)
     finished = guest.abort()
     assert (finished.code, finished.logs) == ("timeout", ["cleanup"])

@@ -1,0 +1,190 @@
+"""The daemon over real sockets with real worker processes: isolation, limits, bad peers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from .daemonkit import Daemon, client, cpu_ticks, execute, receive, run_to_done, running_daemon, stop
+
+pytestmark = pytest.mark.timeout(120) if hasattr(pytest.mark, "timeout") else []
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon("--warm-workers", "2", "--max-message-bytes", "1048576", "--send-timeout", "1") as d:
+        yield d
+
+
+def test_cancel_answers_at_once_even_when_the_guest_spins(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        ws.send(execute("spin", "while (true) {}", timeoutMs=60000))
+        assert receive(ws) == {"type": "started", "id": "spin"}
+        time.sleep(0.2)
+        sent = time.monotonic()
+        ws.send(json.dumps({"type": "cancel", "id": "spin"}))
+        done = receive(ws, timeout=5)
+        waited = time.monotonic() - sent
+    assert done["error"] == {"code": "timeout", "message": "Execution timed out"}
+    # The precise figure is a benchmark (benchmarks/bench.py); here: it did not wait for the guest.
+    assert waited < 1.0
+
+
+def test_timeout_is_wall_clock_and_includes_waiting_for_a_tool(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        ws.send(execute("wait", "await tools.hang({})", timeoutMs=300))
+        assert receive(ws)["type"] == "started"
+        assert receive(ws)["type"] == "tool_call"
+        done = receive(ws, timeout=5)
+    assert done["error"]["code"] == "timeout" and 250 <= done["durationMs"] < 5000
+
+
+def test_a_killed_worker_fails_only_its_own_execution(daemon: Daemon) -> None:
+    with client(daemon.url) as spinning, client(daemon.url) as waiting:
+        waiting.send(execute("waiting", "const r = await tools.hang({}); r + 1"))
+        assert receive(waiting)["type"] == "started"
+        call = receive(waiting)
+        before = {pid: cpu_ticks(pid) for pid in daemon.children()}
+        spinning.send(execute("victim", "while (true) {}", timeoutMs=60000))
+        assert receive(spinning)["type"] == "started"
+        time.sleep(0.5)
+        burned = max(daemon.children(), key=lambda pid: cpu_ticks(pid) - before.get(pid, 0))
+        os.kill(burned, signal.SIGKILL)
+        done = receive(spinning)
+        assert done["id"] == "victim" and done["error"]["code"] == "internal_error"
+        waiting.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 41}))
+        assert receive(waiting) == {**receive_shape("waiting"), "result": 42, "durationMs": receive_duration()}
+    with client(daemon.url) as ws:
+        assert run_to_done(ws, "after", "await tools.echo(5)")["result"] == 5
+
+
+def receive_shape(exec_id: str) -> dict:
+    return {"type": "done", "id": exec_id, "ok": True, "logs": []}
+
+
+class receive_duration:
+    """Matches any durationMs."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int) and other >= 0
+
+
+def test_workers_are_replaced_after_timeouts_and_out_of_memory(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        assert run_to_done(ws, "t", "while (true) {}", timeoutMs=200)["error"]["code"] == "timeout"
+        assert run_to_done(ws, "m", "const a = []; while (true) a.push(new Array(1000).fill(1))", memoryLimitBytes=8 << 20)["error"]["code"] == "memory_limit"
+        assert run_to_done(ws, "ok", "1 + 1")["result"] == 2
+    deadline = time.monotonic() + 20
+    while len(daemon.children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(daemon.children()) >= 2
+
+
+def test_concurrent_sessions_each_get_their_own_answers(daemon: Daemon) -> None:
+    results: dict[int, dict] = {}
+
+    def one(i: int) -> None:
+        with client(daemon.url) as ws:
+            results[i] = run_to_done(ws, f"c{i}", f"let s = 0; for (let k = 0; k < 3; k++) s += await tools.echo({i}); s")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert {i: r["result"] for i, r in results.items()} == {i: 3 * i for i in range(16)}
+
+
+def test_oversized_message_closes_1009_and_the_daemon_lives_on(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        ws.send(execute("big", "'" + "x" * (2 << 20) + "'"))
+        with pytest.raises(ConnectionClosed) as closed:
+            receive(ws)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    with client(daemon.url) as ws:
+        assert run_to_done(ws, "fine", "1")["ok"] is True
+
+
+def test_huge_results_within_limits_arrive_whole(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        done = run_to_done(ws, "huge", "'y'.repeat(3 << 20)")
+    assert done["result"] == "y" * (3 << 20)
+
+
+def test_a_peer_that_stops_reading_is_dropped_without_stalling_others(daemon: Daemon) -> None:
+    stalled = socket.create_connection(("127.0.0.1", int(daemon.url.rsplit(":", 1)[1].strip("/"))))
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    time.sleep(0.2)
+    payload = execute("flood", "for (let i = 0; i < 50; i++) console.log('z'.repeat(60000)); 'x'.repeat(900000)", maxLogChars=10**7).encode()
+    mask = b"\x00\x00\x00\x00"
+    stalled.sendall(bytes([0x81, 0xFF]) + len(payload).to_bytes(8, "big") + mask + payload)
+    try:
+        started = time.monotonic()
+        with client(daemon.url) as ws:
+            assert run_to_done(ws, "other", "await tools.echo(1)")["result"] == 1
+        assert time.monotonic() - started < 5
+    finally:
+        stalled.close()
+
+
+def test_plain_http_gets_an_http_error_not_a_crash(daemon: Daemon) -> None:
+    with socket.create_connection(("127.0.0.1", int(daemon.url.rsplit(":", 1)[1].strip("/"))), timeout=10) as raw:
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert raw.recv(100).startswith(b"HTTP/1.1 4")
+    with client(daemon.url) as ws:
+        assert run_to_done(ws, "still", "2")["result"] == 2
+
+
+def test_garbage_bytes_instead_of_a_handshake_are_dropped(daemon: Daemon) -> None:
+    with socket.create_connection(("127.0.0.1", int(daemon.url.rsplit(":", 1)[1].strip("/"))), timeout=10) as raw:
+        raw.sendall(os.urandom(2000) + b"\r\n\r\n")
+        raw.recv(100)
+    with client(daemon.url) as ws:
+        assert run_to_done(ws, "alive", "3")["result"] == 3
+
+
+# ------------------------------------------------------------------ process lifecycle
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_stop_the_daemon_cleanly_with_its_workers(sig: int) -> None:
+    with running_daemon("--warm-workers", "2") as d:
+        workers = d.children()
+        assert workers
+        assert stop(d.process, sig) == 0
+    for pid in workers:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_settings_come_from_environment_variables() -> None:
+    with running_daemon(env={"EXECBOX_RUNNER_WARM_WORKERS": "3"}) as d:
+        deadline = time.monotonic() + 20
+        while len(d.children()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(d.children()) == 3
+
+
+def test_help_documents_every_flag() -> None:
+    out = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
+    for flag in ("--host", "--port", "--warm-workers", "--max-workers", "--max-message-bytes", "--send-timeout", "--cancel-grace", "EXECBOX_RUNNER_PORT"):
+        assert flag in out
+
+
+def test_a_taken_port_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "Address already in use" in result.stderr
