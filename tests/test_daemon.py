@@ -17,9 +17,6 @@ from websockets.exceptions import ConnectionClosed
 
 from .daemonkit import Daemon, client, cpu_ticks, execute, receive, run_to_done, running_daemon, stop
 
-pytestmark = pytest.mark.timeout(120) if hasattr(pytest.mark, "timeout") else []
-
-
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
     with running_daemon("--warm-workers", "2", "--max-message-bytes", "1048576", "--send-timeout", "1") as d:
