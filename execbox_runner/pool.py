@@ -40,10 +40,6 @@ class Worker:
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
     async def send(self, message: ipc.ToWorker) -> None:
         async with self._send_lock:
             try:
@@ -92,14 +88,9 @@ class WorkerPool:
         self.idle: collections.deque[Worker] = collections.deque()
         self.workers: set[Worker] = set()
         self.starting = 0
-        self.restarts = 0
         self._waiters = trio.lowlevel.ParkingLot()
         self._wake_spawner = trio.Event()
         self._nursery: trio.Nursery | None = None
-
-    @property
-    def ready(self) -> bool:
-        return len(self.idle) > 0 or self.warm == 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
@@ -177,7 +168,6 @@ class WorkerPool:
             self.workers.discard(worker)
             if worker in self.idle:
                 self.idle.remove(worker)
-            self.restarts += 1
             with trio.CancelScope(shield=True):
                 await worker.stream.aclose()
             self._wake_spawner.set()

@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
+import msgspec
 from msgspec import UNSET
 
 from . import ipc
@@ -221,7 +222,7 @@ class Session:
                 return self.worker_lost(now, "worker sent an invalid tool call")
             try:
                 tool_input = UNSET if input_json is None else checked_json(input_json)
-            except Exception:
+            except msgspec.DecodeError:
                 return self.worker_lost(now, "worker sent an invalid tool input")
             ex.issued.add(call_id)
             call = f"call-{call_id}"
@@ -240,7 +241,7 @@ class Session:
         if message.ok:
             try:
                 result = UNSET if message.result is None else checked_json(message.result)
-            except Exception:
+            except msgspec.DecodeError:
                 return self.worker_lost(now, "worker sent an invalid result")
             done = Done(id=ex.id, ok=True, durationMs=_elapsed_ms(ex, now), logs=ex.logs, result=result)
             self._end()
