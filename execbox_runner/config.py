@@ -27,7 +27,8 @@ class Settings:
     send_timeout: float = 10.0
     handshake_timeout: float = 10.0
     close_timeout: float = 2.0
-    cancel_grace: float = 0.005
+    cancel_grace: float = 0.010
+    timeout_grace: float = 0.050
     log_level: str = "INFO"
 
 
@@ -42,7 +43,8 @@ HELP: dict[str, str] = {
     "send_timeout": "seconds a send to a host may block before the host is dropped",
     "handshake_timeout": "seconds a client has to complete the WebSocket handshake",
     "close_timeout": "seconds to wait for the host's half of the closing handshake",
-    "cancel_grace": "seconds a cancelled or timed-out worker has to hand over its last logs",
+    "cancel_grace": "seconds a cancelled worker has to hand over its last logs before done goes without them (hosts force-close 25 ms after cancel)",
+    "timeout_grace": "seconds a timed-out worker has to hand over its last logs (hosts cancel 100 ms after timeoutMs)",
     "log_level": "daemon log level (DEBUG, INFO, WARNING, ERROR)",
 }
 

@@ -47,6 +47,7 @@ class ConnectionLimits:
     handshake_timeout_s: float
     close_timeout_s: float
     cancel_grace_s: float
+    timeout_grace_s: float
     max_output_bytes: int
 
 
@@ -56,7 +57,7 @@ class Connection:
         self.pool = pool
         self.limits = limits
         self.ws = ServerProtocol(max_size=limits.max_message_bytes)
-        self.session = Session(cancel_grace=limits.cancel_grace_s, max_output_bytes=limits.max_output_bytes)
+        self.session = Session(cancel_grace=limits.cancel_grace_s, timeout_grace=limits.timeout_grace_s, max_output_bytes=limits.max_output_bytes)
         self.worker: Worker | None = None
         self._send_lock = trio.Lock()
         self._eof = False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from importlib import resources
 from typing import Final
@@ -24,7 +25,7 @@ from typing import Final
 import msgspec
 import quickjs
 
-from . import ipc
+from . import interrupt, ipc
 from .messages import ErrorCode
 from .normalize import Program, normalize
 
@@ -56,11 +57,20 @@ def guarded_source(program: Program) -> str:
     return f"(async ({tag}_guard) => {{\ntry {{\n{program.body}\n}} catch ({tag}_e) {{ {tag}_guard({tag}_e); throw {tag}_e; }}\n}})"
 
 
+class _Interrupted(Exception):
+    """Another thread asked this execution to stop (see ``GuestRun.interrupt``)."""
+
+
+_NO_PROGRESS: Final = ipc.ToolCalls(calls=[], logs=[])
+
+
 class GuestRun:
     """A guest program from ``Run`` to ``Finished``.
 
     Call ``start`` once, then ``step`` until it returns ``Finished``; between
     steps feed ``settle`` (tool results) or ``abort`` (cancel or timeout).
+    ``interrupt`` may be called from another thread to stop guest code that is
+    running now, so that ``abort`` can follow without waiting for it.
     """
 
     def __init__(self, run: ipc.Run) -> None:
@@ -71,6 +81,9 @@ class GuestRun:
         self.api: quickjs.Object | None = None
         self.waiting: set[int] = set()  # tool calls the guest awaits
         self.finished: ipc.Finished | None = None
+        self.interrupt_requested = False
+        self.abort_taken = threading.Event()
+        self._interrupt_lock = threading.Lock()
 
     # ------------------------------------------------------------------ driving
 
@@ -88,6 +101,8 @@ class GuestRun:
             self.api("start", main)
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
+        except _Interrupted:
+            return _NO_PROGRESS
         return self.step()
 
     def step(self) -> ipc.ToolCalls | ipc.Finished:
@@ -97,7 +112,7 @@ class GuestRun:
         try:
             while True:
                 if time.monotonic() >= self.deadline:
-                    return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, [])
+                    return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, self._salvage_logs())
                 self._arm()
                 if not self.context.execute_pending_job():
                     break
@@ -105,6 +120,8 @@ class GuestRun:
             calls, logs, outcome = _poll_decoder.decode(self.api("poll"))
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
+        except _Interrupted:
+            return _NO_PROGRESS
         if outcome is not None:
             return self._outcome(outcome, logs)
         forwarded: list[tuple[int, str, str, bytes | None]] = []
@@ -144,8 +161,27 @@ class GuestRun:
                 return self._engine_failure(exc)
         return self.step()
 
+    def interrupt(self) -> bool:
+        """From another thread: stop the guest code running now. False once ``abort`` has begun.
+
+        The caller repeats it until it returns False, because an engine call
+        that starts just after a poke re-arms its own limit.
+        """
+        with self._interrupt_lock:
+            if self.abort_taken.is_set() or self.finished is not None:
+                return False
+            self.interrupt_requested = True
+            interrupt.poke(self.context)
+            return True
+
+    def _stop_interrupts(self) -> None:
+        """Before the last engine calls of an execution: no more pokes, they would cut those short."""
+        with self._interrupt_lock:
+            self.abort_taken.set()
+
     def abort(self) -> ipc.Finished:
         """Reject pending tools with timeout, let the guest unwind briefly, and stop."""
+        self._stop_interrupts()
         if self.finished is not None:
             return self.finished
         logs: list[str] = []
@@ -164,6 +200,8 @@ class GuestRun:
 
     def _arm(self) -> None:
         """Re-arm the CPU-time interrupt with what is left of the wall budget."""
+        if self.interrupt_requested:
+            raise _Interrupted
         self.context.set_time_limit(max(self.deadline - time.monotonic(), 0.001))
 
     def _outcome(self, outcome: list[msgspec.Raw], logs: list[str]) -> ipc.Finished:
@@ -187,6 +225,8 @@ class GuestRun:
         an error object, a stack overflow, or a syntax error in the guest code.
         """
         first_line = str(exc).split("\n", 1)[0]
+        if first_line == "InternalError: interrupted" and self.interrupt_requested:
+            return _NO_PROGRESS  # stopped for an abort, which collects the logs
         logs = self._salvage_logs()
         if first_line == "InternalError: interrupted":
             return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
@@ -199,6 +239,7 @@ class GuestRun:
         """Best effort: the lines logged before an engine failure, if the runtime can still say."""
         if self.api is None:
             return []
+        self._stop_interrupts()
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)
             return _poll_decoder.decode(self.api("poll"))[1]

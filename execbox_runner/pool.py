@@ -160,7 +160,11 @@ class WorkerPool:
         return worker
 
     async def _reap(self, worker: Worker) -> None:
-        """Wait for the worker to exit, whenever that is, and forget it."""
+        """Wait for the worker to exit, whenever that is, and forget it.
+
+        The channel of a worker an execution still holds stays open: its last
+        messages may still be buffered there, and ``release`` closes it.
+        """
         try:
             await worker.process.wait()
         finally:
@@ -168,8 +172,8 @@ class WorkerPool:
             self.workers.discard(worker)
             if worker in self.idle:
                 self.idle.remove(worker)
-            with trio.CancelScope(shield=True):
-                await worker.stream.aclose()
+                with trio.CancelScope(shield=True):
+                    await worker.stream.aclose()
             self._wake_spawner.set()
 
     async def acquire(self) -> Worker:
@@ -191,4 +195,6 @@ class WorkerPool:
             self._waiters.unpark()
         else:
             worker.kill()
+            assert self._nursery is not None
+            self._nursery.start_soon(worker.stream.aclose)
         self._wake_spawner.set()

@@ -31,6 +31,7 @@ async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, i
         handshake_timeout_s=settings.handshake_timeout,
         close_timeout_s=settings.close_timeout,
         cancel_grace_s=settings.cancel_grace,
+        timeout_grace_s=settings.timeout_grace,
         max_output_bytes=settings.max_output_bytes,
     )
 

@@ -100,10 +100,12 @@ class _Execution:
 class Session:
     """One WebSocket session: a sequence of executions, one active at a time."""
 
-    def __init__(self, *, cancel_grace: float = 0.005, max_output_bytes: int = 16 << 20) -> None:
-        # How long a cancelled or timed-out worker gets to hand over its last logs
-        # before ``done`` goes out without them; well inside the host's 25 ms.
+    def __init__(self, *, cancel_grace: float = 0.010, timeout_grace: float = 0.050, max_output_bytes: int = 16 << 20) -> None:
+        # How long an aborted worker gets to hand over its last logs before
+        # ``done`` goes out without them. After a cancel the host force-closes
+        # 25 ms later; our own timeout fires 100 ms before the host's backstop.
         self.cancel_grace = cancel_grace
+        self.timeout_grace = timeout_grace
         # Bounds what one execution can make the runner send: results and tool
         # inputs (enforced in the worker) and logs (maxLogChars is capped so that
         # even six-byte JSON escapes fit).
@@ -129,7 +131,7 @@ class Session:
             return self._execute(message, now)
         if isinstance(message, Cancel):
             if self._exec is not None and self.phase is Phase.RUNNING and message.id == self._exec.id:
-                return self._abort(now)
+                return self._abort(now, self.cancel_grace)
             return []  # a cancel for another (or no) execution is ignored
         return self._tool_result(message)
 
@@ -271,17 +273,17 @@ class Session:
         if self.deadline is None or now < self.deadline:
             return []
         if self.phase is Phase.RUNNING:
-            return self._abort(now)
+            return self._abort(now, self.timeout_grace)
         if self.phase is Phase.ABORTING:
             return self._finish_timeout(now, ReleaseWorker(reusable=False))
         return []
 
-    def _abort(self, now: float) -> list[Action]:
-        """Cancel or timeout: ask the worker to unwind, answer after ``cancel_grace`` at most."""
+    def _abort(self, now: float, grace: float) -> list[Action]:
+        """Cancel or timeout: ask the worker to unwind, answer after ``grace`` at most."""
         assert self._exec is not None
         self.phase = Phase.ABORTING
         self._exec.pending.clear()
-        self.deadline = now + self.cancel_grace
+        self.deadline = now + grace
         return [SendToWorker(ipc.Abort())]
 
     def _finish_timeout(self, now: float, release: ReleaseWorker) -> list[Action]:

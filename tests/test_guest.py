@@ -1,10 +1,12 @@
 """The guest environment in a real QuickJS runtime: tools, console, errors, trust, limits."""
 
 import json
+import threading
+import time
 
 import pytest
 
-from execbox_runner import ipc
+from execbox_runner import interrupt, ipc
 from execbox_runner.guest import GuestRun
 
 from .guestkit import UNDEFINED, HostError, error, run, value
@@ -231,3 +233,16 @@ def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
     assert isinstance(guest.start(), ipc.ToolCalls)
     finished = guest.abort()
     assert (finished.code, finished.logs) == ("timeout", ["cleanup"])
+
+
+def test_a_spinning_guest_is_interrupted_from_another_thread_and_keeps_its_logs() -> None:
+    assert interrupt.SUPPORTED, "the quickjs binding's layout changed: cancel falls back to killing workers"
+    guest = GuestRun(ipc.Run(code="console.log('spin'); while (true) {}", budget_s=60, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[], max_output_bytes=1 << 20))
+    poker = threading.Timer(0.05, lambda: [guest.interrupt() for _ in range(3)])
+    poker.start()
+    started = time.monotonic()
+    assert guest.start().calls == []  # stopped, not finished: the abort collects the logs
+    assert time.monotonic() - started < 30
+    finished = guest.abort()
+    assert (finished.code, finished.logs) == ("timeout", ["spin"])
+    assert guest.interrupt() is False
