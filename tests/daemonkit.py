@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
-import time
+import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from websockets.sync.client import ClientConnection, connect
 
@@ -46,26 +48,43 @@ def cpu_ticks(pid: int) -> int:
 
 @contextlib.contextmanager
 def running_daemon(*args: str, env: dict[str, str] | None = None) -> Iterator[Daemon]:
-    """Start ``execbox-runner serve`` on a free loopback port; stop it (by PID) afterwards."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "execbox_runner.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+    """Start ``execbox-runner serve`` on a free loopback port; stop it (by PID) afterwards.
+
+    The daemon's stderr goes to a file, so a chatty daemon never blocks on a
+    pipe nobody drains, and it is shown when start-up fails.
+    """
+    with tempfile.TemporaryFile(mode="w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "execbox_runner.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        try:
+            yield Daemon(url=_listening_url(process, stderr), process=process)
+        finally:
+            stop(process)
+            assert process.stdout is not None
+            process.stdout.close()
+
+
+def _listening_url(process: subprocess.Popen[str], stderr: IO[str]) -> str:
+    """The URL from the daemon's first stdout line, read on a thread so the wait is bounded."""
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = process.stdout
+    assert stdout is not None
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        line = lines.get(timeout=STARTUP_TIMEOUT_S)
+    except queue.Empty:
         line = ""
-        while time.monotonic() < deadline and "listening on" not in line:
-            line = process.stdout.readline() if process.stdout else ""
-            if not line and process.poll() is not None:
-                raise RuntimeError(f"daemon exited: {process.stderr.read() if process.stderr else ''}")
-        match = re.search(r"ws://\S+", line)
-        assert match, f"no listening line: {line!r}"
-        yield Daemon(url=match.group(0), process=process)
-    finally:
-        stop(process)
+    found = re.search(r"listening on (ws://\S+)", line)
+    if found is None:
+        stderr.seek(0)
+        raise RuntimeError(f"the daemon did not report its URL (got {line!r}, exit code {process.poll()}); stderr:\n{stderr.read()[-2000:]}")
+    return found.group(1)
 
 
 def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> int:

@@ -9,20 +9,26 @@ wrong transcripts show that the harness can fail.
 from __future__ import annotations
 
 import json
-import queue
-import re
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conformance.harness import DEFAULT_TRANSCRIPTS, Mismatch, load_transcript, match, run_all, run_transcript, transcript_paths
+from conformance.harness import (
+    DEFAULT_TRANSCRIPTS,
+    Mismatch,
+    load_transcript,
+    match,
+    run_all,
+    run_transcript,
+    transcript_paths,
+)
+
+from .daemonkit import running_daemon
 
 REPO = Path(__file__).resolve().parent.parent
 TRANSCRIPTS = transcript_paths(DEFAULT_TRANSCRIPTS)
@@ -34,44 +40,9 @@ PROVIDERS = [{"name": "tools", "tools": {"echo": {"safeName": "echo"}}}]
 
 @pytest.fixture(scope="module")
 def runner_url() -> Iterator[str]:
-    """Start ``execbox-runner serve --port 0`` and yield the URL it prints; stop it by PID afterwards."""
-    with tempfile.TemporaryFile(mode="w+") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "execbox_runner.cli", "serve", "--port", "0", "--host", "127.0.0.1"],
-            cwd=REPO,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,  # a file, not a pipe: nobody has to drain it
-            text=True,
-        )
-        try:
-            yield _read_url(process, stderr)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=STOP_TIMEOUT_S)
-            assert process.stdout is not None
-            process.stdout.close()
-
-
-def _read_url(process: subprocess.Popen[str], stderr: Any) -> str:
-    """The ``ws://`` URL from the daemon's first stdout line, read on a thread so the wait is bounded."""
-    lines: queue.Queue[str] = queue.Queue()
-    assert process.stdout is not None
-    stdout = process.stdout
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        line = lines.get(timeout=STARTUP_TIMEOUT_S)
-    except queue.Empty:
-        line = ""
-    found = re.search(r"listening on (ws://\S+)", line)
-    if found is None:
-        stderr.seek(0)
-        pytest.fail(f"the daemon did not report its URL (got {line!r}, exit code {process.poll()}); stderr:\n{stderr.read()[-2000:]}")
-    return found.group(1)
+    """The URL of a daemon started as an operator would, on a free port."""
+    with running_daemon() as daemon:
+        yield daemon.url
 
 
 def test_transcripts_exist_and_are_named_after_their_files() -> None:

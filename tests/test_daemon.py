@@ -15,7 +15,17 @@ from collections.abc import Iterator
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from .daemonkit import Daemon, client, cpu_ticks, execute, receive, run_to_done, running_daemon, stop
+from .daemonkit import (
+    Daemon,
+    client,
+    cpu_ticks,
+    execute,
+    receive,
+    run_to_done,
+    running_daemon,
+    stop,
+)
+
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
