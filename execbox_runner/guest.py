@@ -25,11 +25,14 @@ from typing import Final
 import msgspec
 import quickjs
 
-from . import interrupt, ipc
+from . import ipc, native
 from .messages import ErrorCode
 from .normalize import Program, normalize
 
 BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_text()
+# Where compiled bootstrap code leaves its dispatcher for ``fresh_runtime`` to
+# collect (and delete) before any guest code runs; random per process.
+_BOOTSTRAP_KEY: Final = "__execbox_bootstrap_" + secrets.token_hex(8)
 # Below the worker thread's real stack (8 MiB main thread): a larger QuickJS
 # limit than the real stack would crash the process instead of throwing.
 MAX_STACK_BYTES: Final = 1 << 20
@@ -57,6 +60,32 @@ def guarded_source(program: Program) -> str:
     return f"(async ({tag}_guard) => {{\ntry {{\n{program.body}\n}} catch ({tag}_e) {{ {tag}_guard({tag}_e); throw {tag}_e; }}\n}})"
 
 
+class Runtime:
+    """A fresh QuickJS context with the bootstrap installed, ready for one execution."""
+
+    def __init__(self, context: quickjs.Context, api: quickjs.Object) -> None:
+        self.context = context
+        self.api = api
+
+
+_bytecode: native.Bytecode | None = None
+
+
+def fresh_runtime() -> Runtime:
+    """A new runtime; from the bootstrap compiled once per process where QuickJS allows."""
+    global _bytecode
+    context = quickjs.Context()
+    context.set_max_stack_size(MAX_STACK_BYTES)
+    if native.SUPPORTED:
+        if _bytecode is None:
+            _bytecode = native.Bytecode(f"globalThis[{json.dumps(_BOOTSTRAP_KEY)}] =\n{BOOTSTRAP}", "bootstrap.js")
+        _bytecode.run(context)
+        api = context.get(_BOOTSTRAP_KEY)
+        context.eval(f"delete globalThis[{json.dumps(_BOOTSTRAP_KEY)}]")
+        return Runtime(context, api)
+    return Runtime(context, context.eval(BOOTSTRAP))
+
+
 class _Interrupted(Exception):
     """Another thread asked this execution to stop (see ``GuestRun.interrupt``)."""
 
@@ -73,12 +102,12 @@ class GuestRun:
     running now, so that ``abort`` can follow without waiting for it.
     """
 
-    def __init__(self, run: ipc.Run) -> None:
+    def __init__(self, run: ipc.Run, runtime: Runtime | None = None) -> None:
         self.run = run
         self.deadline = time.monotonic() + run.budget_s
-        self.context = quickjs.Context()
-        self.context.set_max_stack_size(MAX_STACK_BYTES)
-        self.api: quickjs.Object | None = None
+        runtime = runtime or fresh_runtime()
+        self.context = runtime.context
+        self.api = runtime.api
         self.waiting: set[int] = set()  # tool calls the guest awaits
         self.finished: ipc.Finished | None = None
         self.interrupt_requested = False
@@ -90,8 +119,6 @@ class GuestRun:
     def start(self) -> ipc.ToolCalls | ipc.Finished:
         run = self.run
         try:
-            self._arm()
-            self.api = self.context.eval(BOOTSTRAP)
             # The limit applies to guest allocations, not to the runner's own set-up.
             self.context.set_memory_limit(run.memory_limit)
             self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars, run.memory_limit)
@@ -116,7 +143,6 @@ class GuestRun:
                 self._arm()
                 if not self.context.execute_pending_job():
                     break
-            assert self.api is not None
             calls, logs, outcome = _poll_decoder.decode(self.api("poll"))
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
@@ -151,7 +177,7 @@ class GuestRun:
         return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
 
     def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
-        if message.call_id in self.waiting and self.api is not None:
+        if message.call_id in self.waiting:
             self.waiting.discard(message.call_id)
             value = None if message.value is None else message.value.decode()
             try:
@@ -171,7 +197,7 @@ class GuestRun:
             if self.abort_taken.is_set() or self.finished is not None:
                 return False
             self.interrupt_requested = True
-            interrupt.poke(self.context)
+            native.poke(self.context)
             return True
 
     def _stop_interrupts(self) -> None:
@@ -185,15 +211,14 @@ class GuestRun:
         if self.finished is not None:
             return self.finished
         logs: list[str] = []
-        if self.api is not None:
-            try:
-                self.context.set_time_limit(ABORT_BUDGET_S)
-                self.api("abort")
-                while self.context.execute_pending_job():
-                    pass
-                _, logs, _ = _poll_decoder.decode(self.api("poll"))
-            except quickjs.JSException:
-                pass  # the unwinding guest ran out of its budget: logs so far are lost
+        try:
+            self.context.set_time_limit(ABORT_BUDGET_S)
+            self.api("abort")
+            while self.context.execute_pending_job():
+                pass
+            _, logs, _ = _poll_decoder.decode(self.api("poll"))
+        except quickjs.JSException:
+            pass  # the unwinding guest ran out of its budget: logs so far are lost
         return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
 
     # ------------------------------------------------------------------ outcomes
@@ -237,8 +262,6 @@ class GuestRun:
 
     def _salvage_logs(self) -> list[str]:
         """Best effort: the lines logged before an engine failure, if the runtime can still say."""
-        if self.api is None:
-            return []
         self._stop_interrupts()
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)

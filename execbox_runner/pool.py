@@ -81,6 +81,9 @@ class WorkerPool:
     """Hands out idle workers and keeps enough of them warm."""
 
     def __init__(self, *, warm: int, max_workers: int, max_executions: int, max_frame: int) -> None:
+        # Starting an interpreter costs ~100 ms of CPU: under a burst, starting one per
+        # waiting execution at once would starve the executions of the CPU they wait for.
+        self.max_starting = max(1, os.cpu_count() or 1)
         self.warm = warm
         self.max_workers = max(max_workers, warm, 1)
         self.max_executions = max_executions or math.inf
@@ -115,7 +118,7 @@ class WorkerPool:
     def _top_up(self) -> None:
         assert self._nursery is not None
         demand = self.warm + len(self._waiters)
-        while len(self.idle) + self.starting < demand and len(self.workers) + self.starting < self.max_workers:
+        while len(self.idle) + self.starting < demand and len(self.workers) + self.starting < self.max_workers and self.starting < self.max_starting:
             self.starting += 1
             self._nursery.start_soon(self._spawn)
 

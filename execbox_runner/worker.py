@@ -9,7 +9,7 @@ replace it with a clean process.
 
 A reader thread owns the channel's receiving side: when an ``Abort`` arrives
 while guest code is running, it interrupts that code at once (see
-``interrupt.py``), so a spinning guest still hands over its logs.
+``native.py``), so a spinning guest still hands over its logs.
 
 Usage (by the pool only): ``python -m execbox_runner.worker FD``
 """
@@ -25,7 +25,7 @@ import threading
 from typing import Final
 
 from . import ipc
-from .guest import GuestRun
+from .guest import GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
 
 POKE_INTERVAL_S: Final = 0.001
@@ -46,12 +46,14 @@ class Worker:
         threading.Thread(target=self._read, name="channel-reader", daemon=True).start()
         self.sock.sendall(ipc.frame(ipc.Ready()))
         while True:
+            # Set up the next runtime while idle, off the request's path.
+            runtime: Runtime = fresh_runtime()
             message = self.inbox.get()
+            while message is not None and not isinstance(message, ipc.Run):
+                message = self.inbox.get()  # a late Settle/Abort for an execution that already finished
             if message is None:
                 return
-            if not isinstance(message, ipc.Run):
-                continue  # a late Settle/Abort for an execution that already finished
-            self.guest = GuestRun(message)
+            self.guest = GuestRun(message, runtime)
             finished = self._execute(self.guest)
             self.guest = None
             if finished.recycle:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from execbox_runner import interrupt, ipc
+from execbox_runner import ipc, native
 from execbox_runner.guest import GuestRun
 
 from .guestkit import UNDEFINED, HostError, error, run, value
@@ -236,7 +236,7 @@ def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
 
 
 def test_a_spinning_guest_is_interrupted_from_another_thread_and_keeps_its_logs() -> None:
-    assert interrupt.SUPPORTED, "the quickjs binding's layout changed: cancel falls back to killing workers"
+    assert native.SUPPORTED, "the quickjs binding's layout changed: cancel falls back to killing workers"
     guest = GuestRun(ipc.Run(code="console.log('spin'); while (true) {}", budget_s=60, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[], max_output_bytes=1 << 20))
     poker = threading.Timer(0.05, lambda: [guest.interrupt() for _ in range(3)])
     poker.start()
@@ -246,3 +246,11 @@ def test_a_spinning_guest_is_interrupted_from_another_thread_and_keeps_its_logs(
     finished = guest.abort()
     assert (finished.code, finished.logs) == ("timeout", ["spin"])
     assert guest.interrupt() is False
+
+
+def test_the_bootstrap_source_fallback_behaves_like_the_compiled_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    code = "console.log('x'); const r = await tools.echo({ a: [1] }); [typeof InternalError, r]"
+    compiled = run(code)
+    monkeypatch.setattr(native, "SUPPORTED", False)
+    assert run(code) == compiled
+    assert value(compiled) == ["undefined", {"a": [1]}]

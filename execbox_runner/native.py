@@ -1,0 +1,148 @@
+"""Reaching past the quickjs binding into QuickJS itself, where the binding falls short.
+
+The binding can neither stop a context that is running JavaScript nor reuse
+compiled code, and both matter here:
+
+* ``poke`` interrupts a running guest from another thread. The binding's
+  interrupt check compares process CPU time with ``interrupt_data.start`` and
+  ``.limit``, two fields of the ``Context`` object captured when an eval or job
+  starts; writing them makes the next check, within microseconds, raise QuickJS's
+  uncatchable interrupt, as a real time limit would. The guest's heap survives,
+  so its logs can still be read.
+* ``Bytecode`` compiles the bootstrap once per process and loads it into each
+  fresh context (``JS_WriteObject``/``JS_ReadObject``, exported by the
+  binding's library), about four times faster than compiling its source again.
+
+Both depend on the binding's private ``ContextData`` layout, verified once per
+process: the exported ``JS_GetRuntime`` must map the stored context pointer to
+the stored runtime pointer, and an engine call must copy the stored time limit
+into the interrupt data. Where that fails, ``SUPPORTED`` is false: ``poke`` does
+nothing (the daemon then kills a worker that does not stop in time) and the
+worker evaluates the bootstrap source instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import Final
+
+import quickjs
+
+# Offsets in the binding's ContextData (LP64): PyObject_HEAD (16), JSRuntime
+# *runtime, JSContext *context, int has_time_limit, clock_t time_limit,
+# PyThreadState *thread_state, InterruptData {clock_t start, clock_t limit}.
+_RUNTIME: Final = 16
+_CONTEXT: Final = 24
+_TIME_LIMIT: Final = 40
+_START: Final = 56
+_LIMIT: Final = 64
+_FAR_PAST: Final = -(1 << 50)
+
+_EXCEPTION_TAG: Final = 6
+_EVAL_COMPILE_ONLY: Final = 1 << 5
+_WRITE_BYTECODE: Final = 1
+_READ_BYTECODE: Final = 1
+
+
+class _JSValue(ctypes.Structure):
+    """QuickJS's JSValue on 64-bit builds without NaN-boxing: a union and a tag."""
+
+    _fields_ = [("u", ctypes.c_int64), ("tag", ctypes.c_int64)]
+
+
+def _word(context: quickjs.Context, offset: int) -> ctypes.c_long:
+    return ctypes.c_long.from_address(id(context) + offset)
+
+
+def _js_context(context: quickjs.Context) -> int:
+    return _word(context, _CONTEXT).value
+
+
+def _load_library() -> ctypes.CDLL | None:
+    if sys.maxsize != 2**63 - 1:
+        return None
+    try:
+        import _quickjs
+
+        lib = ctypes.CDLL(_quickjs.__file__)
+        lib.JS_GetRuntime.restype = ctypes.c_void_p
+        lib.JS_GetRuntime.argtypes = [ctypes.c_void_p]
+        lib.JS_Eval.restype = _JSValue
+        lib.JS_Eval.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_int]
+        lib.JS_WriteObject.restype = ctypes.c_void_p
+        lib.JS_WriteObject.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), _JSValue, ctypes.c_int]
+        lib.JS_ReadObject.restype = _JSValue
+        lib.JS_ReadObject.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+        lib.JS_EvalFunction.restype = _JSValue
+        lib.JS_EvalFunction.argtypes = [ctypes.c_void_p, _JSValue]
+        lib.JS_FreeValue.restype = None
+        lib.JS_FreeValue.argtypes = [ctypes.c_void_p, _JSValue]
+        lib.js_free.restype = None
+        lib.js_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    except (OSError, AttributeError, ImportError):
+        return None
+    return lib if _layout_holds(lib) else None
+
+
+def _layout_holds(lib: ctypes.CDLL) -> bool:
+    context = quickjs.Context()
+    if lib.JS_GetRuntime(_js_context(context)) != _word(context, _RUNTIME).value:
+        return False
+    for seconds in (7.0, 3.0):
+        context.set_time_limit(seconds)
+        context.eval("0")
+        stored = _word(context, _TIME_LIMIT).value
+        if stored <= 0 or stored != _word(context, _LIMIT).value:
+            return False
+    return True
+
+
+_lib: Final = _load_library()
+SUPPORTED: Final = _lib is not None
+
+
+def poke(context: quickjs.Context) -> None:
+    """Make the context's running (or next checked) guest code hit its time limit now.
+
+    Safe from any thread while the owning thread runs JavaScript: aligned word
+    writes are atomic, and the next engine call re-initialises both fields.
+    """
+    if SUPPORTED:
+        _word(context, _START).value = _FAR_PAST
+        _word(context, _LIMIT).value = 0
+
+
+class NativeError(Exception):
+    """QuickJS refused to compile, load or run bytecode."""
+
+
+class Bytecode:
+    """A script compiled once, run in any number of fresh contexts."""
+
+    def __init__(self, source: str, filename: str) -> None:
+        assert _lib is not None
+        scratch = quickjs.Context()
+        data = source.encode()
+        function = _lib.JS_Eval(_js_context(scratch), data, len(data), filename.encode(), _EVAL_COMPILE_ONLY)
+        if function.tag == _EXCEPTION_TAG:
+            raise NativeError(f"{filename} does not compile")
+        size = ctypes.c_size_t()
+        buffer = _lib.JS_WriteObject(_js_context(scratch), ctypes.byref(size), function, _WRITE_BYTECODE)
+        _lib.JS_FreeValue(_js_context(scratch), function)
+        if not buffer:
+            raise NativeError(f"{filename} cannot be serialized")
+        self.code = ctypes.string_at(buffer, size.value)
+        _lib.js_free(_js_context(scratch), buffer)
+
+    def run(self, context: quickjs.Context) -> None:
+        """Run the script in ``context`` (its completion value is discarded)."""
+        assert _lib is not None
+        js_context = _js_context(context)
+        function = _lib.JS_ReadObject(js_context, self.code, len(self.code), _READ_BYTECODE)
+        if function.tag == _EXCEPTION_TAG:
+            raise NativeError("bytecode does not load")
+        result = _lib.JS_EvalFunction(js_context, function)  # takes ownership of function
+        if result.tag == _EXCEPTION_TAG:
+            raise NativeError("bytecode raised an exception")
+        _lib.JS_FreeValue(js_context, result)
