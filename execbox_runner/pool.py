@@ -103,6 +103,7 @@ class WorkerPool:
                 self._top_up()
                 while len(self.idle) < self.warm:
                     await self._wait_change()
+                    self._top_up()
                 task_status.started()
                 while True:
                     await self._wait_change()
