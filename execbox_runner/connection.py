@@ -63,7 +63,8 @@ class Connection:
         self._eof = False
         self._fragments: list[bytes] | None = None  # a text message arriving in pieces
         self._execution_scope: trio.CancelScope | None = None
-        self._timer_scope: trio.CancelScope | None = None
+        self._timer_scope: trio.CancelScope | None = None  # the read loop's wait
+        self._close_deadline = float("inf")  # set once the closing handshake starts
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -77,7 +78,6 @@ class Connection:
                 return
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._timer)
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -105,16 +105,23 @@ class Connection:
     async def _read_loop(self) -> None:
         """Read frames until the closing handshake is over (or the peer vanishes).
 
+        The wait for data also keeps the session's timer: its deadline is the
+        session's, and ``_rearm_timer`` moves it whenever the session's moves.
         Once a close frame has gone either way, the peer gets ``close_timeout``
         to finish the handshake; the protocol's end-of-data marker means it is
         done and the TCP connection can close.
         """
-        close_deadline = float("inf")
         while not self._eof:
-            with trio.move_on_at(close_deadline):
+            with trio.CancelScope(deadline=min(self._deadline(), self._close_deadline)) as scope:
+                self._timer_scope = scope
                 data = await self.stream.receive_some(RECEIVE_BYTES)
-            if trio.current_time() >= close_deadline:
-                return
+            self._timer_scope = None
+            if scope.cancelled_caught:
+                now = trio.current_time()
+                if now >= self._close_deadline:
+                    return
+                await self._perform(self.session.timer(now))
+                continue
             if data:
                 self.ws.receive_data(data)
             else:
@@ -124,8 +131,8 @@ class Connection:
             await self._flush()  # pongs, close replies, close on protocol errors
             if not data or self.ws.state is State.CLOSED:
                 return
-            if self.ws.close_expected() and close_deadline == float("inf"):
-                close_deadline = trio.current_time() + self.limits.close_timeout_s
+            if self.ws.close_expected() and self._close_deadline == float("inf"):
+                self._close_deadline = trio.current_time() + self.limits.close_timeout_s
 
     async def _frame(self, frame: Frame) -> None:
         now = trio.current_time()
@@ -184,17 +191,21 @@ class Connection:
 
     async def _flush(self) -> None:
         """Write what the protocol has queued, within the send timeout, or drop the peer."""
+        chunks = self.ws.data_to_send()
+        if not chunks:
+            return
+        if not chunks[-1]:
+            self._eof = True  # end of data: serve() closes the socket
+        data = b"".join(chunks)
+        if not data:
+            return
         async with self._send_lock:
-            for data in self.ws.data_to_send():
-                if not data:
-                    self._eof = True  # end of data: serve() closes the socket
-                    continue
-                with trio.move_on_after(self.limits.send_timeout_s) as scope:
-                    await self.stream.send_all(data)
-                if scope.cancelled_caught:
-                    log.warning("dropping a peer that stopped reading")
-                    await self.stream.aclose()
-                    raise trio.ClosedResourceError("send timed out")
+            with trio.move_on_after(self.limits.send_timeout_s) as scope:
+                await self.stream.send_all(data)
+        if scope.cancelled_caught:
+            log.warning("dropping a peer that stopped reading")
+            await self.stream.aclose()
+            raise trio.ClosedResourceError("send timed out")
 
     # ------------------------------------------------------------------ worker
 
@@ -246,18 +257,10 @@ class Connection:
 
     # ------------------------------------------------------------------ timer
 
-    async def _timer(self) -> None:
-        while True:
-            with trio.CancelScope(deadline=self._deadline()) as scope:
-                self._timer_scope = scope
-                await trio.sleep_forever()
-            if scope.cancelled_caught and trio.current_time() >= scope.deadline:
-                await self._perform(self.session.timer(trio.current_time()))
-
     def _deadline(self) -> float:
         deadline = self.session.deadline
         return deadline if deadline is not None else float("inf")
 
     def _rearm_timer(self) -> None:
         if self._timer_scope is not None:
-            self._timer_scope.deadline = self._deadline()
+            self._timer_scope.deadline = min(self._deadline(), self._close_deadline)
