@@ -445,6 +445,11 @@ async def _load(uri: WebSocketURI, concurrency: int, duration: float, code: str)
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(concurrency)))
+    return _load_result(latencies, succeeded, fail_count, failures, cpu0, wall0)
+
+
+def _load_result(latencies: list[float], succeeded: int, fail_count: int, failures: list[str], cpu0: float, wall0: float) -> dict[str, Any]:
+    """What a load client reports back to the parent process."""
     return {
         "completed": len(latencies),
         "succeeded_total": succeeded,
@@ -628,15 +633,7 @@ def _raw_load(host: str, port: int, concurrency: int, duration: float, code: str
                 elif opcode == 0x8:
                     conn.state = _RawConn.CLOSING  # now wait for the server's TCP close
     ep.close()
-    return {
-        "completed": len(latencies),
-        "succeeded_total": succeeded,
-        "failures": fail_count,
-        "failure_examples": failures,
-        "latencies_ms": latencies,
-        "cpu_s": time.process_time() - cpu0,
-        "wall_s": time.perf_counter() - wall0,
-    }
+    return _load_result(latencies, succeeded, fail_count, failures, cpu0, wall0)
 
 
 def load_client_main(mode: str, url: str, concurrency: int, duration: float, code: str) -> None:
