@@ -71,13 +71,15 @@ class Connection:
 
     async def serve(self) -> None:
         try:
+            early: list[Frame] | None = None
             with trio.move_on_after(self.limits.handshake_timeout_s):
-                if not await self._handshake():
-                    return
-            if self.ws.state is not State.OPEN:
+                early = await self._handshake()
+            if early is None or self.ws.state is not State.OPEN:
                 return
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                for frame in early:
+                    await self._frame(frame)
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -87,20 +89,22 @@ class Connection:
                 self._perform_sync(self.session.transport_closed())
                 await self.stream.aclose()
 
-    async def _handshake(self) -> bool:
+    async def _handshake(self) -> list[Frame] | None:
+        """Answer the opening handshake; the frames that came with it, or None if it failed."""
         while True:
             data = await self.stream.receive_some(RECEIVE_BYTES)
             if not data:
-                return False
+                return None
             self.ws.receive_data(data)
-            for event in self.ws.events_received():
+            events = self.ws.events_received()
+            for index, event in enumerate(events):
                 if isinstance(event, Request):
                     self.ws.send_response(self.ws.accept(event))
                     await self._flush()
-                    return self.ws.state is State.OPEN
+                    return [e for e in events[index + 1 :] if isinstance(e, Frame)]
             if self.ws.close_expected():  # malformed handshake: websockets answered 400
                 await self._flush()
-                return False
+                return None
 
     async def _read_loop(self) -> None:
         """Read frames until the closing handshake is over (or the peer vanishes).
@@ -147,9 +151,8 @@ class Connection:
             if frame.fin:
                 data, self._fragments = b"".join(self._fragments), None
                 await self._perform(self.session.receive_text(data, now))
-        elif opcode is Opcode.BINARY or (opcode is Opcode.CONT and self._fragments is None):
-            if frame.fin or opcode is Opcode.BINARY:
-                await self._perform(self.session.receive_binary(now))
+        elif opcode is Opcode.BINARY:
+            await self._perform(self.session.receive_binary(now))
         # PING, PONG and CLOSE are answered by the protocol itself.
 
     # ------------------------------------------------------------------ actions

@@ -195,3 +195,17 @@ def test_a_taken_port_is_a_clear_error() -> None:
         port = taken.getsockname()[1]
         result = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "Address already in use" in result.stderr
+
+
+def test_a_message_sent_together_with_the_handshake_is_not_lost(daemon: Daemon) -> None:
+    port = int(daemon.url.rsplit(":", 1)[1].strip("/"))
+    payload = execute("early", "6 * 7").encode()
+    frame = bytes([0x81, 0xFE]) + len(payload).to_bytes(2, "big") + b"\x00\x00\x00\x00" + payload
+    request = b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(request + frame)
+        received = b""
+        deadline = time.monotonic() + 10
+        while b'"done"' not in received and time.monotonic() < deadline:
+            received += raw.recv(65536)
+    assert b'"result":42' in received
