@@ -24,6 +24,9 @@ class Settings:
     max_executions_per_worker: int = 1000
     max_message_bytes: int = 16 * 1024 * 1024
     max_output_bytes: int = 16 * 1024 * 1024
+    max_timeout_ms: int = 300_000
+    max_memory_limit_bytes: int = 512 * 1024 * 1024
+    sandbox: bool = True
     send_timeout: float = 10.0
     handshake_timeout: float = 10.0
     close_timeout: float = 2.0
@@ -40,6 +43,9 @@ HELP: dict[str, str] = {
     "max_executions_per_worker": "executions after which a worker is replaced (0: never)",
     "max_message_bytes": "largest WebSocket message accepted from a host (larger: close 1009)",
     "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
+    "max_timeout_ms": "largest timeoutMs an execute may ask for; larger: done validation_error",
+    "max_memory_limit_bytes": "largest memoryLimitBytes an execute may ask for; larger: done validation_error",
+    "sandbox": "confine workers (namespaces, rlimits, seccomp); 'false' only for debugging",
     "send_timeout": "seconds a send to a host may block before the host is dropped",
     "handshake_timeout": "seconds a client has to complete the WebSocket handshake",
     "close_timeout": "seconds to wait for the host's half of the closing handshake",
@@ -49,10 +55,19 @@ HELP: dict[str, str] = {
 }
 
 
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for field in fields(Settings):
         env = ENV_PREFIX + field.name.upper()
-        kind = type(field.default)
+        kind = _parse_bool if isinstance(field.default, bool) else type(field.default)
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
             dest=field.name,
@@ -75,7 +90,7 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         env = environ.get(ENV_PREFIX + field.name.upper())
         if env is not None:
             try:
-                values[field.name] = type(field.default)(env)
+                values[field.name] = _parse_bool(env) if isinstance(field.default, bool) else type(field.default)(env)
             except ValueError:
                 raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r}") from None
     return Settings(**values)

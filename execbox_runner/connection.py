@@ -49,6 +49,8 @@ class ConnectionLimits:
     cancel_grace_s: float
     timeout_grace_s: float
     max_output_bytes: int
+    max_timeout_ms: int
+    max_memory_limit_bytes: int
 
 
 class Connection:
@@ -57,7 +59,7 @@ class Connection:
         self.pool = pool
         self.limits = limits
         self.ws = ServerProtocol(max_size=limits.max_message_bytes)
-        self.session = Session(cancel_grace=limits.cancel_grace_s, timeout_grace=limits.timeout_grace_s, max_output_bytes=limits.max_output_bytes)
+        self.session = Session(cancel_grace=limits.cancel_grace_s, timeout_grace=limits.timeout_grace_s, max_output_bytes=limits.max_output_bytes, max_timeout_ms=limits.max_timeout_ms, max_memory_limit_bytes=limits.max_memory_limit_bytes)
         self.worker: Worker | None = None
         self._send_lock = trio.Lock()
         self._eof = False

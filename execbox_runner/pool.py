@@ -80,7 +80,7 @@ class Worker:
 class WorkerPool:
     """Hands out idle workers and keeps enough of them warm."""
 
-    def __init__(self, *, warm: int, max_workers: int, max_executions: int, max_frame: int) -> None:
+    def __init__(self, *, warm: int, max_workers: int, max_executions: int, max_frame: int, worker_args: list[str]) -> None:
         # Starting an interpreter costs ~100 ms of CPU: under a burst, starting one per
         # waiting execution at once would starve the executions of the CPU they wait for.
         self.max_starting = max(1, os.cpu_count() or 1)
@@ -88,6 +88,7 @@ class WorkerPool:
         self.max_workers = max(max_workers, warm, 1)
         self.max_executions = max_executions or math.inf
         self.max_frame = max_frame
+        self.worker_args = worker_args
         self.idle: collections.deque[Worker] = collections.deque()
         self.workers: set[Worker] = set()
         self.starting = 0
@@ -144,10 +145,11 @@ class WorkerPool:
         parent, child = socket.socketpair()
         try:
             process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "execbox_runner.worker", str(child.fileno())],
+                [sys.executable, "-m", "execbox_runner.worker", str(child.fileno()), *self.worker_args],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                # One malloc arena: fewer address-space reservations under the worker's RLIMIT_AS.
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "1"},
             )
         finally:
             child.close()

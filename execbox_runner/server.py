@@ -18,12 +18,18 @@ from .pool import WorkerPool
 log = logging.getLogger(__name__)
 
 
+def worker_arguments(settings: Settings) -> list[str]:
+    args = ["--max-memory", str(settings.max_memory_limit_bytes), "--max-timeout", str(settings.max_timeout_ms / 1000), "--max-output", str(settings.max_output_bytes)]
+    return args if settings.sandbox else [*args, "--no-sandbox"]
+
+
 async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
     pool = WorkerPool(
         warm=settings.warm_workers,
         max_workers=settings.max_workers,
         max_executions=settings.max_executions_per_worker,
         max_frame=2 * settings.max_output_bytes + (1 << 20),
+        worker_args=worker_arguments(settings),
     )
     limits = ConnectionLimits(
         max_message_bytes=settings.max_message_bytes,
@@ -33,6 +39,8 @@ async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, i
         cancel_grace_s=settings.cancel_grace,
         timeout_grace_s=settings.timeout_grace,
         max_output_bytes=settings.max_output_bytes,
+        max_timeout_ms=settings.max_timeout_ms,
+        max_memory_limit_bytes=settings.max_memory_limit_bytes,
     )
 
     async def handle(stream: trio.SocketStream) -> None:

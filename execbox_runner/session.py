@@ -100,7 +100,15 @@ class _Execution:
 class Session:
     """One WebSocket session: a sequence of executions, one active at a time."""
 
-    def __init__(self, *, cancel_grace: float = 0.010, timeout_grace: float = 0.050, max_output_bytes: int = 16 << 20) -> None:
+    def __init__(
+        self,
+        *,
+        cancel_grace: float = 0.010,
+        timeout_grace: float = 0.050,
+        max_output_bytes: int = 16 << 20,
+        max_timeout_ms: float = 300_000,
+        max_memory_limit_bytes: int = 512 << 20,
+    ) -> None:
         # How long an aborted worker gets to hand over its last logs before
         # ``done`` goes out without them. After a cancel the host force-closes
         # 25 ms later; our own timeout fires 100 ms before the host's backstop.
@@ -110,6 +118,10 @@ class Session:
         # inputs (enforced in the worker) and logs (maxLogChars is capped so that
         # even six-byte JSON escapes fit).
         self.max_output_bytes = max_output_bytes
+        # The operator's ceilings: an execute asking for more is refused, not clamped,
+        # so a host never gets a limit it did not ask for.
+        self.max_timeout_ms = max_timeout_ms
+        self.max_memory_limit_bytes = max_memory_limit_bytes
         self.phase = Phase.IDLE
         self.deadline: float | None = None
         self._exec: _Execution | None = None
@@ -151,6 +163,10 @@ class Session:
         if self._exec is not None:
             return [SendToHost(_failure(message.id, 0, [], "internal_error", ALREADY_ACTIVE_MESSAGE))]
         options = message.options
+        if options.timeoutMs > self.max_timeout_ms:
+            return [SendToHost(_failure(message.id, 0, [], "validation_error", f"timeoutMs {options.timeoutMs:g} exceeds this runner's maximum of {self.max_timeout_ms:g}"))]
+        if options.memoryLimitBytes > self.max_memory_limit_bytes:
+            return [SendToHost(_failure(message.id, 0, [], "validation_error", f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}"))]
         deadline = now + options.timeoutMs / 1000
         providers = [(p.name, [t.safeName for t in p.tools.values()]) for p in message.providers]
         self._exec = _Execution(

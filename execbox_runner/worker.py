@@ -11,11 +11,16 @@ A reader thread owns the channel's receiving side: when an ``Abort`` arrives
 while guest code is running, it interrupts that code at once (see
 ``native.py``), so a spinning guest still hands over its logs.
 
-Usage (by the pool only): ``python -m execbox_runner.worker FD``
+Before saying ``Ready`` the worker confines itself (``sandbox.py``): from then
+on the kernel refuses it files, sockets, processes and the network.
+
+Usage (by the pool only): ``python -m execbox_runner.worker FD [--no-sandbox]
+[--max-memory BYTES] [--max-timeout SECONDS] [--max-output BYTES]``
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import queue
 import signal
@@ -24,7 +29,7 @@ import sys
 import threading
 from typing import Final
 
-from . import ipc
+from . import ipc, sandbox
 from .guest import GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
 
@@ -34,30 +39,39 @@ POKE_ATTEMPTS: Final = 2000  # keep interrupting for up to ~2 s, until the abort
 SWITCH_INTERVAL_S: Final = 0.0002
 
 
+# CPU time a worker may use beyond an execution's own budget before the kernel stops it.
+CPU_SLACK_S: Final = 5.0
+
+
 class Worker:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None) -> None:
         self.sock = sock
+        self.limits = limits  # None: not confined (tests of the worker loop itself)
         self.inbox: queue.SimpleQueue[ipc.ToWorker | None] = queue.SimpleQueue()
         self.guest: GuestRun | None = None
 
     def serve(self) -> None:
         """Run executions until the channel closes or an execution asks for recycling."""
         normalize("0")  # load the parser before the first request
+        runtime: Runtime = fresh_runtime()  # also compiles the bootstrap while files can still be read
         threading.Thread(target=self._read, name="channel-reader", daemon=True).start()
+        if self.limits is not None:
+            sandbox.confine(self.sock.fileno(), self.limits)
         self.sock.sendall(ipc.frame(ipc.Ready()))
         while True:
-            # Set up the next runtime while idle, off the request's path.
-            runtime: Runtime = fresh_runtime()
             message = self.inbox.get()
             while message is not None and not isinstance(message, ipc.Run):
                 message = self.inbox.get()  # a late Settle/Abort for an execution that already finished
             if message is None:
                 return
+            if self.limits is not None:
+                sandbox.set_cpu_backstop(message.budget_s + CPU_SLACK_S)
             self.guest = GuestRun(message, runtime)
             finished = self._execute(self.guest)
             self.guest = None
             if finished.recycle:
                 return
+            runtime = fresh_runtime()  # the next one, prepared while idle
 
     def _execute(self, guest: GuestRun) -> ipc.Finished:
         out = guest.start()
@@ -91,14 +105,31 @@ class Worker:
             self.inbox.put(None)
 
 
+def address_space(max_memory: int, max_output: int) -> int:
+    """The address-space backstop: what the process maps now, plus room for the
+    largest QuickJS heap and the copies of the largest output, plus slack."""
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    return mapped + 2 * max_memory + 4 * max_output + (256 << 20)
+
+
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="execbox_runner.worker")
+    parser.add_argument("fd", type=int)
+    parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("--max-memory", type=int, default=512 << 20)
+    parser.add_argument("--max-timeout", type=float, default=300.0)
+    parser.add_argument("--max-output", type=int, default=16 << 20)
+    args = parser.parse_args(argv[1:])
     # The daemon owns signals; a Ctrl-C in the terminal must not kill workers first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    fd = int(argv[1])
-    with socket.socket(fileno=fd) as sock:
+    with socket.socket(fileno=args.fd) as sock:
+        limits = None
+        if not args.no_sandbox:
+            limits = sandbox.Limits(address_space_bytes=address_space(args.max_memory, args.max_output), cpu_seconds=int(args.max_timeout + CPU_SLACK_S))
         try:
-            Worker(sock).serve()
+            Worker(sock, limits).serve()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
     # Skip interpreter teardown: there is nothing to flush, and it costs time.

@@ -256,3 +256,12 @@ def test_protocol_invariants_hold_under_random_message_orders(events: list[tuple
         if after is None:
             assert not worker_busy or session.phase.value == "closed"
     assert len(settled) == len(set(settled))
+
+
+def test_limits_above_the_operators_maximum_are_refused() -> None:
+    session = Session(max_timeout_ms=1000, max_memory_limit_bytes=1 << 20)
+    (done,) = sent(session.receive_text(execute("slow", options={**OPTIONS, "timeoutMs": 1001, "memoryLimitBytes": 1 << 20}), 0.0))
+    assert done["error"] == {"code": "validation_error", "message": "timeoutMs 1001 exceeds this runner's maximum of 1000"}
+    (done,) = sent(session.receive_text(execute("big", options={**OPTIONS, "memoryLimitBytes": (1 << 20) + 1}), 0.0))
+    assert done["error"]["code"] == "validation_error" and "memoryLimitBytes" in done["error"]["message"]
+    assert sent(session.receive_text(execute("fits", options={**OPTIONS, "timeoutMs": 1000, "memoryLimitBytes": 1 << 20}), 0.0)) == [{"type": "started", "id": "fits"}]

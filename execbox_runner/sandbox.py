@@ -1,0 +1,241 @@
+"""Confining a worker process before any guest code runs.
+
+Guest code runs in QuickJS, which has no host capabilities. This module is for
+the case where an engine bug is exploited anyway: the process that runs guest
+code can then still not read host files, reach the network, start processes
+or write files, because the kernel refuses.
+
+``confine`` applies, in order (each step needs the ones before it):
+
+1. a new, empty network namespace (no interfaces up: nothing is reachable);
+2. dropping to an unprivileged user (``nobody``) when running as root;
+3. closing every inherited file descriptor except the worker's channel;
+4. resource limits: an address-space backstop above the QuickJS memory
+   limit, a CPU-time backstop, no core files, no file writes (size 0), a
+   small open-file limit, no new processes;
+5. ``no_new_privs``;
+6. a seccomp filter (raw BPF, x86-64) that allows only what running QuickJS
+   and talking on the channel needs: memory, time, futexes, signals masks,
+   reads/writes, randomness, exit. Everything else (open, socket, connect,
+   exec, fork, clone, ptrace, kill, ...) fails with EPERM. It is installed
+   with TSYNC, so it covers the worker's reader thread too.
+
+``capabilities()`` tells, without changing anything, which of these this host
+can enforce, so the daemon can warn about the rest and report them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import resource
+import struct
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Final
+
+NOBODY: Final = 65534
+CLONE_NEWNET: Final = 0x40000000
+PR_SET_NO_NEW_PRIVS: Final = 38
+SYS_SECCOMP_X86_64: Final = 317
+SECCOMP_SET_MODE_FILTER: Final = 1
+SECCOMP_FILTER_FLAG_TSYNC: Final = 1
+AUDIT_ARCH_X86_64: Final = 0xC000003E
+
+# BPF opcodes and seccomp return values.
+_LD_W_ABS: Final = 0x20
+_JEQ_K: Final = 0x15
+_JGE_K: Final = 0x35
+_RET_K: Final = 0x06
+_RET_ALLOW: Final = 0x7FFF0000
+_RET_KILL_PROCESS: Final = 0x80000000
+_RET_ERRNO: Final = 0x00050000
+_OFFSET_NR: Final = 0
+_OFFSET_ARCH: Final = 4
+_OFFSET_ARG0_LOW: Final = 16
+_OFFSET_ARG1_LOW: Final = 24
+
+# What a worker needs once initialised (x86-64 syscall numbers).
+ALLOWED_SYSCALLS: Final = {
+    "read": 0, "write": 1, "close": 3, "fstat": 5, "poll": 7, "lseek": 8, "mmap": 9, "mprotect": 10,
+    "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15,
+    "sched_yield": 24, "mremap": 25, "madvise": 28, "nanosleep": 35, "getpid": 39, "sendto": 44,
+    "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "exit": 60, "getrlimit": 97, "getrusage": 98, "getuid": 102,
+    "getgid": 104, "geteuid": 107, "getegid": 108, "sigaltstack": 131,
+    "gettid": 186, "futex": 202, "restart_syscall": 219, "clock_gettime": 228, "clock_getres": 229,
+    "clock_nanosleep": 230, "exit_group": 231, "set_robust_list": 273, "getrandom": 318, "rseq": 334,
+}  # fmt: skip
+# prlimit64(0, RLIMIT_CPU, ...) only: the worker renews its CPU backstop per execution.
+_PRLIMIT64: Final = 302
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which protections this host can enforce for workers."""
+
+    seccomp: bool
+    network_namespace: bool
+    drop_privileges: bool
+    running_as_root: bool
+    rlimits: bool
+
+    def as_dict(self) -> dict[str, bool]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Process limits for one worker."""
+
+    address_space_bytes: int
+    cpu_seconds: int
+    open_files: int = 16
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _filter(allowed: Iterable[int]) -> bytes:
+    """The seccomp BPF program: allow ``allowed`` (and prlimit64 on RLIMIT_CPU of self), EPERM the rest."""
+    allowed = sorted(set(allowed))
+
+    def stmt(code: int, k: int) -> bytes:
+        return struct.pack("HBBI", code, 0, 0, k)
+
+    def jump(code: int, k: int, jt: int, jf: int) -> bytes:
+        return struct.pack("HBBI", code, jt, jf, k)
+
+    program = [
+        stmt(_LD_W_ABS, _OFFSET_ARCH),
+        jump(_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
+        stmt(_RET_K, _RET_KILL_PROCESS),
+        stmt(_LD_W_ABS, _OFFSET_NR),
+        jump(_JGE_K, 0x40000000, 0, 1),  # the x32 ABI: not ours
+        stmt(_RET_K, _RET_KILL_PROCESS),
+    ]
+    # The tail: prlimit64 on this process's RLIMIT_CPU only, then EPERM, then ALLOW.
+    tail = [
+        jump(_JEQ_K, _PRLIMIT64, 0, 4),  # not prlimit64: to EPERM
+        stmt(_LD_W_ABS, _OFFSET_ARG0_LOW),
+        jump(_JEQ_K, 0, 0, 2),  # pid 0 (this process), else EPERM
+        stmt(_LD_W_ABS, _OFFSET_ARG1_LOW),
+        jump(_JEQ_K, resource.RLIMIT_CPU, 1, 0),  # RLIMIT_CPU: to ALLOW, else EPERM
+        stmt(_RET_K, _RET_ERRNO | errno.EPERM),
+        stmt(_RET_K, _RET_ALLOW),
+    ]
+    # One comparison per allowed call: on a match, jump over the ones left and the tail to ALLOW.
+    for index, number in enumerate(allowed):
+        remaining = len(allowed) - index - 1
+        program.append(jump(_JEQ_K, number, remaining + len(tail) - 1, 0))
+    program += tail
+    return b"".join(program)
+
+
+def _install_filter(program: bytes) -> None:
+    libc = _libc()
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    instructions = len(program) // 8
+    buffer = ctypes.create_string_buffer(program)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(instructions, ctypes.cast(buffer, ctypes.c_void_p))
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(SYS_SECCOMP_X86_64), ctypes.c_long(SECCOMP_SET_MODE_FILTER), ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(fprog)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
+
+
+def seccomp_supported() -> bool:
+    return platform.machine() == "x86_64" and os.path.exists("/proc/self/status") and "Seccomp:" in open("/proc/self/status").read()
+
+
+def capabilities() -> Capabilities:
+    """Probe, in a throwaway child process, which protections work here."""
+    root = os.geteuid() == 0
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child tries each step for real and reports a bit mask
+        os.close(read_end)
+        bits = 0
+        try:
+            if _libc().unshare(CLONE_NEWNET) == 0:
+                bits |= 1
+            if root:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                bits |= 2
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            bits |= 4
+            if seccomp_supported():
+                _install_filter(_filter(ALLOWED_SYSCALLS.values()))
+                bits |= 8
+        except OSError:
+            pass
+        os.write(write_end, bytes([bits]))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        data = reader.read(1)
+    os.waitpid(pid, 0)
+    bits = data[0] if data else 0
+    return Capabilities(
+        seccomp=bool(bits & 8),
+        network_namespace=bool(bits & 1),
+        drop_privileges=bool(bits & 2),
+        running_as_root=root,
+        rlimits=bool(bits & 4),
+    )
+
+
+def close_inherited_fds(keep: int) -> None:
+    """Close every file descriptor but ``keep``."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    top = limit if 0 < limit < 1 << 20 else 4096
+    os.closerange(0, keep)
+    os.closerange(keep + 1, top)
+
+
+def set_cpu_backstop(seconds: float) -> None:
+    """Kill the process (SIGXCPU, then SIGKILL) after ``seconds`` more CPU time."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    now = int(used.ru_utime + used.ru_stime)
+    soft = now + max(1, int(seconds) + 1)
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def confine(channel: int, limits: Limits, *, network: bool = True, drop_privileges: bool = True, seccomp: bool = True) -> list[str]:
+    """Confine this process (see the module docstring). Returns what could not be applied."""
+    missing: list[str] = []
+    if network and _libc().unshare(CLONE_NEWNET) != 0:
+        missing.append("network_namespace")
+    if drop_privileges and os.geteuid() == 0:
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        except OSError:
+            missing.append("drop_privileges")
+    close_inherited_fds(channel)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
+    resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    set_cpu_backstop(limits.cpu_seconds)
+    if os.geteuid() != 0:
+        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    if seccomp:
+        if seccomp_supported():
+            _install_filter(_filter(ALLOWED_SYSCALLS.values()))
+        else:
+            missing.append("seccomp")
+    return missing
