@@ -69,8 +69,15 @@ class Ready(Struct, array_like=True, tag=12):
     """The worker is initialised and waiting for a ``Run``."""
 
 
+class Probed(Struct, array_like=True, tag=13):
+    """Test hook only (``worker --probe``): what the confined worker could still do."""
+
+    outcomes: dict[str, str]
+    missing: list[str]
+
+
 ToWorker: TypeAlias = Run | Settle | Abort
-FromWorker: TypeAlias = ToolCalls | Finished | Ready
+FromWorker: TypeAlias = ToolCalls | Finished | Ready | Probed
 
 _encoder: Final = msgspec.msgpack.Encoder()
 to_worker_decoder: Final = msgspec.msgpack.Decoder(ToWorker)

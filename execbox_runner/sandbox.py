@@ -31,8 +31,10 @@ import errno
 import os
 import platform
 import resource
+import socket
 import struct
-from collections.abc import Iterable
+import subprocess
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Final
 
@@ -56,6 +58,8 @@ _OFFSET_NR: Final = 0
 _OFFSET_ARCH: Final = 4
 _OFFSET_ARG0_LOW: Final = 16
 _OFFSET_ARG1_LOW: Final = 24
+_OFFSET_ARG2_LOW: Final = 32
+_OFFSET_ARG2_HIGH: Final = 36
 
 # What a worker needs once initialised (x86-64 syscall numbers).
 ALLOWED_SYSCALLS: Final = {
@@ -67,7 +71,8 @@ ALLOWED_SYSCALLS: Final = {
     "gettid": 186, "futex": 202, "restart_syscall": 219, "clock_gettime": 228, "clock_getres": 229,
     "clock_nanosleep": 230, "exit_group": 231, "set_robust_list": 273, "getrandom": 318, "rseq": 334,
 }  # fmt: skip
-# prlimit64(0, RLIMIT_CPU, ...) only: the worker renews its CPU backstop per execution.
+# prlimit64 on this process: reading any limit, setting only RLIMIT_CPU (the worker
+# renews its CPU backstop per execution).
 _PRLIMIT64: Final = 302
 
 
@@ -116,13 +121,18 @@ def _filter(allowed: Iterable[int]) -> bytes:
         jump(_JGE_K, 0x40000000, 0, 1),  # the x32 ABI: not ours
         stmt(_RET_K, _RET_KILL_PROCESS),
     ]
-    # The tail: prlimit64 on this process's RLIMIT_CPU only, then EPERM, then ALLOW.
+    # The tail: prlimit64 on this process only, to read any limit or to set
+    # RLIMIT_CPU (renewed per execution); then EPERM; then ALLOW (last).
     tail = [
-        jump(_JEQ_K, _PRLIMIT64, 0, 4),  # not prlimit64: to EPERM
+        jump(_JEQ_K, _PRLIMIT64, 0, 8),  # not prlimit64: EPERM
         stmt(_LD_W_ABS, _OFFSET_ARG0_LOW),
-        jump(_JEQ_K, 0, 0, 2),  # pid 0 (this process), else EPERM
+        jump(_JEQ_K, 0, 0, 6),  # another process: EPERM
         stmt(_LD_W_ABS, _OFFSET_ARG1_LOW),
-        jump(_JEQ_K, resource.RLIMIT_CPU, 1, 0),  # RLIMIT_CPU: to ALLOW, else EPERM
+        jump(_JEQ_K, resource.RLIMIT_CPU, 5, 0),  # RLIMIT_CPU: ALLOW
+        stmt(_LD_W_ABS, _OFFSET_ARG2_LOW),
+        jump(_JEQ_K, 0, 0, 2),  # a new limit given: EPERM
+        stmt(_LD_W_ABS, _OFFSET_ARG2_HIGH),
+        jump(_JEQ_K, 0, 1, 0),  # NULL new limit (read only): ALLOW
         stmt(_RET_K, _RET_ERRNO | errno.EPERM),
         stmt(_RET_K, _RET_ALLOW),
     ]
@@ -239,3 +249,48 @@ def confine(channel: int, limits: Limits, *, network: bool = True, drop_privileg
         else:
             missing.append("seccomp")
     return missing
+
+
+def probe() -> dict[str, str]:
+    """What a confined process can still do: each attempt's outcome (a test hook).
+
+    Run by ``python -m execbox_runner.worker FD --probe`` after confinement, the
+    way guest code would get there through an engine exploit.
+    """
+    def attempt(action: Callable[[], object]) -> str:
+        try:
+            action()
+        except OSError as exc:
+            return f"blocked: {errno.errorcode.get(exc.errno or 0, exc.errno)}"
+        except ValueError as exc:  # refused before the kernel was asked (e.g. raising a hard limit)
+            return f"blocked: {exc}"
+        return "allowed"
+
+    def limit(kind: int) -> str:
+        return str(resource.getrlimit(kind)[0])
+
+    return {
+        "read_file": attempt(lambda: open("/etc/hostname").read()),
+        "write_file": attempt(lambda: open("/tmp/execbox-probe", "w").write("x")),
+        "list_directory": attempt(lambda: os.listdir("/")),
+        "socket": attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM)),
+        "unix_socket": attempt(lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)),
+        "fork": attempt(lambda: os.fork() == 0 and os._exit(0)),
+        "exec": attempt(lambda: os.execv("/bin/true", ["true"])),
+        "subprocess": attempt(lambda: subprocess.run(["/bin/true"], check=False)),
+        "signal_init": attempt(lambda: os.kill(1, 0)),
+        "ptrace_init": attempt(lambda: _ptrace_attach(1)),
+        "raise_nofile": attempt(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))),
+        "rlimit_as": limit(resource.RLIMIT_AS),
+        "rlimit_nofile": limit(resource.RLIMIT_NOFILE),
+        "rlimit_fsize": limit(resource.RLIMIT_FSIZE),
+        "rlimit_core": limit(resource.RLIMIT_CORE),
+        "rlimit_cpu": limit(resource.RLIMIT_CPU),
+        "uid": str(os.getuid()),
+    }
+
+
+def _ptrace_attach(pid: int) -> None:
+    libc = _libc()
+    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), "ptrace")

@@ -44,8 +44,9 @@ CPU_SLACK_S: Final = 5.0
 
 
 class Worker:
-    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None) -> None:
+    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None, *, probe: bool = False) -> None:
         self.sock = sock
+        self.probe = probe  # test hook: report what the confined worker can do, then exit
         self.limits = limits  # None: not confined (tests of the worker loop itself)
         self.inbox: queue.SimpleQueue[ipc.ToWorker | None] = queue.SimpleQueue()
         self.guest: GuestRun | None = None
@@ -55,8 +56,10 @@ class Worker:
         normalize("0")  # load the parser before the first request
         runtime: Runtime = fresh_runtime()  # also compiles the bootstrap while files can still be read
         threading.Thread(target=self._read, name="channel-reader", daemon=True).start()
-        if self.limits is not None:
-            sandbox.confine(self.sock.fileno(), self.limits)
+        missing = sandbox.confine(self.sock.fileno(), self.limits) if self.limits is not None else ["all"]
+        if self.probe:
+            self.sock.sendall(ipc.frame(ipc.Probed(outcomes=sandbox.probe(), missing=missing)))
+            return
         self.sock.sendall(ipc.frame(ipc.Ready()))
         while True:
             message = self.inbox.get()
@@ -120,6 +123,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-memory", type=int, default=512 << 20)
     parser.add_argument("--max-timeout", type=float, default=300.0)
     parser.add_argument("--max-output", type=int, default=16 << 20)
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv[1:])
     # The daemon owns signals; a Ctrl-C in the terminal must not kill workers first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -129,7 +133,7 @@ def main(argv: list[str]) -> int:
         if not args.no_sandbox:
             limits = sandbox.Limits(address_space_bytes=address_space(args.max_memory, args.max_output), cpu_seconds=int(args.max_timeout + CPU_SLACK_S))
         try:
-            Worker(sock, limits).serve()
+            Worker(sock, limits, probe=args.probe).serve()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
     # Skip interpreter teardown: there is nothing to flush, and it costs time.

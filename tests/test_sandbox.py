@@ -1,0 +1,97 @@
+"""The worker sandbox, proven from inside a real confined worker process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from execbox_runner import ipc, sandbox
+
+CAPABILITIES = sandbox.capabilities()
+
+
+def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    parent, child = socket.socketpair()
+    process = subprocess.Popen([sys.executable, "-m", "execbox_runner.worker", str(child.fileno()), *args], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+    child.close()
+    parent.settimeout(60)
+    return process, parent
+
+
+def receive(sock: socket.socket) -> ipc.FromWorker:
+    (length,) = ipc.HEADER.unpack(ipc.recv_exactly(sock, ipc.HEADER.size))
+    return ipc.from_worker_decoder.decode(ipc.recv_exactly(sock, length))
+
+
+@pytest.fixture(scope="module")
+def probed() -> Iterator[tuple[ipc.Probed, int]]:
+    process, sock = start_worker("--probe", "--max-memory", str(64 << 20), "--max-timeout", "10")
+    with sock:
+        report = receive(sock)
+    process.wait(timeout=60)
+    assert isinstance(report, ipc.Probed)
+    yield report, process.pid
+
+
+@pytest.mark.parametrize("action", ["read_file", "write_file", "list_directory", "socket", "unix_socket", "fork", "exec", "subprocess", "signal_init", "ptrace_init", "raise_nofile"])
+def test_the_confined_worker_cannot(probed: tuple[ipc.Probed, int], action: str) -> None:
+    if not CAPABILITIES.seccomp:
+        pytest.skip("seccomp is not available on this host")
+    outcome = probed[0].outcomes[action]
+    assert outcome.startswith("blocked"), f"{action}: {outcome}"
+
+
+def test_process_limits_hold_in_the_worker(probed: tuple[ipc.Probed, int]) -> None:
+    outcomes = probed[0].outcomes
+    assert outcomes["rlimit_fsize"] == "0" and outcomes["rlimit_core"] == "0"
+    assert int(outcomes["rlimit_nofile"]) <= 16
+    address_space = int(outcomes["rlimit_as"])
+    assert 64 << 20 < address_space < 8 << 30  # above the QuickJS limit, far below unlimited
+    assert 10 <= int(outcomes["rlimit_cpu"]) <= 60
+
+
+def test_the_worker_drops_root_and_leaves_the_network(probed: tuple[ipc.Probed, int]) -> None:
+    report, _ = probed
+    if not CAPABILITIES.running_as_root:
+        pytest.skip("not running as root: nothing to drop, and no network namespace without privileges")
+    assert report.outcomes["uid"] == str(sandbox.NOBODY)
+    assert "network_namespace" not in report.missing, "could not create a network namespace on this host"
+    assert report.missing == []
+
+
+def test_a_worker_keeps_only_its_channel(tmp_path: object) -> None:
+    """Inherited descriptors are closed: the worker sees none but its channel."""
+    extra = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(extra, True)
+    try:
+        process, sock = start_worker("--max-memory", str(64 << 20))
+        with sock:
+            assert isinstance(receive(sock), ipc.Ready)
+            fds = sorted(int(fd) for fd in os.listdir(f"/proc/{process.pid}/fd"))
+            assert len(fds) == 1, fds
+            if CAPABILITIES.network_namespace:
+                assert os.readlink(f"/proc/{process.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        process.wait(timeout=30)
+    finally:
+        os.close(extra)
+
+
+def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
+    process, sock = start_worker("--max-memory", str(64 << 20))
+    with sock:
+        assert isinstance(receive(sock), ipc.Ready)
+        run = ipc.Run(code="console.log('hi'); const r = await t.e({ a: 1 }); r.a + 1", budget_s=5, memory_limit=32 << 20, max_log_lines=10, max_log_chars=100, providers=[("t", ["e"])], max_output_bytes=1 << 20)
+        sock.sendall(ipc.frame(run))
+        calls = receive(sock)
+        assert isinstance(calls, ipc.ToolCalls) and calls.logs == ["hi"]
+        sock.sendall(ipc.frame(ipc.Settle(call_id=calls.calls[0][0], ok=True, value=b'{"a": 41}')))
+        finished = receive(sock)
+        assert isinstance(finished, ipc.Finished) and finished.result == b"42"
+        sock.sendall(ipc.frame(ipc.Run(code="const a = []; while (true) a.push(new Array(1000).fill(1))", budget_s=5, memory_limit=32 << 20, max_log_lines=10, max_log_chars=100, providers=[], max_output_bytes=1 << 20)))
+        assert receive(sock).code == "memory_limit"
+    process.wait(timeout=30)
