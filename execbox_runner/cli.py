@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import platform
 import signal
 import sys
+from dataclasses import asdict
+from importlib import metadata
 
 import trio
 
-from . import config
+from . import config, native, sandbox
 from .server import serve
 
 
@@ -18,7 +22,39 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="serve ws://HOST:PORT/ until SIGINT or SIGTERM")
     config.add_arguments(serve_parser)
+    info_parser = commands.add_parser("info", help="report what this host can enforce for these settings")
+    info_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    config.add_arguments(info_parser)
     return parser
+
+
+def host_report(settings: config.Settings) -> dict[str, object]:
+    """What the daemon would enforce here with these settings (also logged at start-up)."""
+    protections = sandbox.enforcement(settings.sandbox)
+    return {
+        "version": metadata.version("execbox-runner"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "interrupt_running_guests": native.SUPPORTED,
+        "protections": protections,
+        "warnings": sandbox.warnings(protections),
+        "limits": {key: value for key, value in asdict(settings).items() if key.startswith("max_")},
+    }
+
+
+def _info(settings: config.Settings, as_json: bool) -> int:
+    report = host_report(settings)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"execbox-runner {report['version']} on Python {report['python']} ({report['machine']})")
+    print(f"interrupting running guests: {'yes' if report['interrupt_running_guests'] else 'no (unresponsive workers are killed)'}")
+    for name, state in report["protections"].items():  # type: ignore[attr-defined]
+        status = "enforced" if state["enforced"] else ("NOT ENFORCEABLE" if state["requested"] else "off")
+        print(f"  {name:<20} {status}")
+    for warning in report["warnings"]:  # type: ignore[attr-defined]
+        print(f"warning: {warning}")
+    return 0
 
 
 async def _serve_until_signalled(settings: config.Settings) -> None:
@@ -36,6 +72,8 @@ async def _serve_until_signalled(settings: config.Settings) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings = config.resolve(args)
+    if args.command == "info":
+        return _info(settings, args.json)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)
     status = 0

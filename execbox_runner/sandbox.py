@@ -294,3 +294,23 @@ def _ptrace_attach(pid: int) -> None:
     libc = _libc()
     if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
         raise OSError(ctypes.get_errno(), "ptrace")
+
+
+def enforcement(enabled: bool) -> dict[str, dict[str, bool]]:
+    """Each protection: whether the settings ask for it, and whether this host enforces it."""
+    found = capabilities()
+    possible = {
+        "seccomp": found.seccomp,
+        "no_new_privs": found.seccomp,  # set on the way to the filter
+        "network_namespace": found.network_namespace,
+        "drop_privileges": found.drop_privileges,
+        "rlimits": found.rlimits,
+        "close_inherited_fds": True,
+    }
+    requested = {name: enabled and (name != "drop_privileges" or found.running_as_root) for name in possible}
+    return {name: {"requested": requested[name], "enforced": requested[name] and possible[name]} for name in possible}
+
+
+def warnings(report: dict[str, dict[str, bool]]) -> list[str]:
+    """One sentence for each protection asked for but not enforceable here."""
+    return [f"worker protection '{name}' was requested but cannot be enforced on this host" for name, state in report.items() if state["requested"] and not state["enforced"]]

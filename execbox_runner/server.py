@@ -11,6 +11,7 @@ import logging
 
 import trio
 
+from . import native, sandbox
 from .config import Settings
 from .connection import Connection, ConnectionLimits
 from .pool import WorkerPool
@@ -24,6 +25,10 @@ def worker_arguments(settings: Settings) -> list[str]:
 
 
 async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+    for warning in sandbox.warnings(sandbox.enforcement(settings.sandbox)):
+        log.warning(warning)
+    if not native.SUPPORTED:
+        log.warning("cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed")
     pool = WorkerPool(
         warm=settings.warm_workers,
         max_workers=settings.max_workers,

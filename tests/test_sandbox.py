@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -95,3 +96,20 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
         sock.sendall(ipc.frame(ipc.Run(code="const a = []; while (true) a.push(new Array(1000).fill(1))", budget_s=5, memory_limit=32 << 20, max_log_lines=10, max_log_chars=100, providers=[], max_output_bytes=1 << 20)))
         assert receive(sock).code == "memory_limit"
     process.wait(timeout=30)
+
+
+def test_info_reports_what_this_host_enforces() -> None:
+    out = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "info", "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
+    report = json.loads(out)
+    protections = report["protections"]
+    assert protections["seccomp"] == {"requested": True, "enforced": CAPABILITIES.seccomp}
+    assert protections["network_namespace"]["enforced"] == CAPABILITIES.network_namespace
+    assert report["limits"]["max_memory_limit_bytes"] == 512 << 20
+    assert report["warnings"] == sandbox.warnings(protections)
+    off = json.loads(subprocess.run([sys.executable, "-m", "execbox_runner.cli", "info", "--json", "--sandbox", "false"], capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert not any(state["requested"] for state in off["protections"].values()) and off["warnings"] == []
+
+
+def test_each_unenforceable_protection_gets_a_warning() -> None:
+    report = {"seccomp": {"requested": True, "enforced": False}, "rlimits": {"requested": True, "enforced": True}, "network_namespace": {"requested": False, "enforced": False}}
+    assert sandbox.warnings(report) == ["worker protection 'seccomp' was requested but cannot be enforced on this host"]
