@@ -662,30 +662,36 @@ def _proc_times(pid: int) -> tuple[int, int, int]:
 
 
 def tree_cpu_seconds(root: int) -> tuple[float, float, int]:
-    """(CPU seconds of ``root`` itself, of its children live or reaped, number of live children).
+    """(CPU seconds of ``root`` itself, of all its descendants live or reaped, live descendants).
 
-    A worker that exits between two samples moves from "live" into the
-    daemon's reaped-children counters, so differences of the second figure
-    stay right. A child reaped during the /proc scan would be missed (or
-    counted twice), so the scan is retried while the reaped counters move.
+    The daemon's workers are children of its zygote (itself a child of the
+    daemon), so the whole process tree counts. A process that exits between
+    two samples moves from "live" into its parent's reaped-children counters,
+    so differences of the second figure stay right. A process reaped during
+    the /proc scan would be missed (or counted twice), so the scan is retried
+    while the reaped counters move.
     """
     for _ in range(10):
-        _, own, reaped = _proc_times(root)
-        children = 0
-        child_ticks = 0
+        table: dict[int, tuple[int, int, int]] = {}
         for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == root:
-                continue
-            try:
-                ppid, ticks, grandchildren = _proc_times(int(name))
-            except (OSError, ValueError, IndexError):
-                continue  # exited meanwhile
-            if ppid == root:
-                children += 1
-                child_ticks += ticks + grandchildren
-        if _proc_times(root)[2] == reaped:
+            if name.isdigit():
+                try:
+                    table[int(name)] = _proc_times(int(name))
+                except (OSError, ValueError, IndexError):
+                    continue  # exited meanwhile
+        descendants: list[int] = []
+        frontier = [root]
+        while frontier:
+            parent = frontier.pop()
+            kids = [pid for pid, (ppid, _, _) in table.items() if ppid == parent]
+            descendants += kids
+            frontier += kids
+        reaped = sum(table[pid][2] for pid in [root, *descendants] if pid in table)
+        live = sum(table[pid][1] for pid in descendants)
+        if sum(_proc_times(pid)[2] for pid in [root, *descendants] if os.path.exists(f"/proc/{pid}")) == reaped:
             break
-    return own / CLK_TCK, (reaped + child_ticks) / CLK_TCK, children
+    own = table[root][1] if root in table else 0
+    return own / CLK_TCK, (reaped + live) / CLK_TCK, len(descendants)
 
 
 def machine_busy_ticks() -> tuple[int, int]:

@@ -1,10 +1,12 @@
 """A warm pool of worker processes, owned by the daemon's trio nursery.
 
-Starting a Python interpreter takes tens of milliseconds, so workers are
-started ahead of demand: the pool keeps ``warm`` idle workers ready and grows
-on demand up to ``max_workers``. An execution holds its worker until it ends;
-a worker that crashed, was killed, timed out, ran out of memory or reached
-``max_executions`` is discarded and replaced, never handed out again.
+Workers are forked by the zygote (``zygote.py``) ahead of demand: the pool
+keeps ``warm`` idle workers ready, confined and with a runtime prepared, and
+grows on demand up to ``max_workers``. An execution holds its worker until it
+ends; a worker that crashed, was killed, timed out, ran out of memory or
+reached ``max_executions`` (1 in the hardened profile) is discarded and
+replaced, never handed out again. Workers are followed through pidfds: they
+are the zygote's children, and a pidfd cannot signal a recycled PID.
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ from __future__ import annotations
 import collections
 import math
 import os
+import signal
 import socket
-import subprocess
-import sys
 from typing import Final
 
 import trio
 
 from . import ipc
+from .zygote import ZygoteClient
 
 READY_TIMEOUT_S: Final = 30.0
 
@@ -31,8 +33,9 @@ class WorkerLost(Exception):
 class Worker:
     """One worker process and its channel."""
 
-    def __init__(self, process: trio.Process, stream: trio.SocketStream, max_frame: int) -> None:
-        self.process = process
+    def __init__(self, pid: int, pidfd: int, stream: trio.SocketStream, max_frame: int) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
         self.stream = stream
         self.max_frame = max_frame
         self.executions = 0
@@ -73,8 +76,15 @@ class Worker:
 
     def kill(self) -> None:
         self.alive = False
-        if self.process.returncode is None:
-            self.process.kill()
+        if self.pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone
+
+    async def exited(self) -> None:
+        """Return once the process has exited (it need not be our child)."""
+        await trio.lowlevel.wait_readable(self.pidfd)
 
 
 class WorkerPool:
@@ -88,7 +98,7 @@ class WorkerPool:
         self.max_workers = max(max_workers, warm, 1)
         self.max_executions = max_executions or math.inf
         self.max_frame = max_frame
-        self.worker_args = worker_args
+        self.zygote = ZygoteClient(worker_args)
         self.idle: collections.deque[Worker] = collections.deque()
         self.workers: set[Worker] = set()
         self.starting = 0
@@ -101,6 +111,7 @@ class WorkerPool:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             try:
+                await self.zygote.start()
                 self._top_up()
                 while len(self.idle) < self.warm:
                     await self._wait_change()
@@ -112,6 +123,7 @@ class WorkerPool:
             finally:
                 for worker in list(self.workers):
                     worker.kill()
+                await self.zygote.aclose()
 
     async def _wait_change(self) -> None:
         await self._wake_spawner.wait()
@@ -126,7 +138,7 @@ class WorkerPool:
 
     async def _spawn(self) -> None:
         try:
-            worker = await self._start_process()
+            worker = await self._fork_worker()
         except (OSError, WorkerLost, trio.TooSlowError):
             worker = None
         finally:
@@ -141,26 +153,21 @@ class WorkerPool:
         self._wake_spawner.set()
         await self._reap(worker)
 
-    async def _start_process(self) -> Worker:
-        parent, child = socket.socketpair()
+    async def _fork_worker(self) -> Worker:
+        pid, channel = await self.zygote.fork()
         try:
-            process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "execbox_runner.worker", str(child.fileno()), *self.worker_args],
-                pass_fds=(child.fileno(),),
-                stdin=subprocess.DEVNULL,
-                # One malloc arena: fewer address-space reservations under the worker's RLIMIT_AS.
-                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "1"},
-            )
-        finally:
-            child.close()
-        worker = Worker(process, trio.SocketStream(trio.socket.from_stdlib_socket(parent)), self.max_frame)
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            channel.close()
+            raise WorkerLost("worker exited at once") from None
+        worker = Worker(pid, pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
         try:
             with trio.fail_after(READY_TIMEOUT_S):
                 if not isinstance(await worker.receive(), ipc.Ready):
                     raise WorkerLost("worker did not start with Ready")
         except BaseException:
             worker.kill()
-            await process.wait()
+            os.close(pidfd)
             await worker.stream.aclose()
             raise
         return worker
@@ -172,9 +179,11 @@ class WorkerPool:
         messages may still be buffered there, and ``release`` closes it.
         """
         try:
-            await worker.process.wait()
+            await worker.exited()
         finally:
             worker.alive = False
+            os.close(worker.pidfd)
+            worker.pidfd = -1
             self.workers.discard(worker)
             if worker in self.idle:
                 self.idle.remove(worker)

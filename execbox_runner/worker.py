@@ -116,7 +116,7 @@ def address_space(max_memory: int, max_output: int) -> int:
     return mapped + 2 * max_memory + 4 * max_output + (256 << 20)
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="execbox_runner.worker")
     parser.add_argument("fd", type=int)
     parser.add_argument("--no-sandbox", action="store_true")
@@ -124,11 +124,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-timeout", type=float, default=300.0)
     parser.add_argument("--max-output", type=int, default=16 << 20)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv[1:])
+    return parser
+
+
+def run(fd: int, args: argparse.Namespace) -> int:
+    """Be a worker on channel ``fd`` until it closes; the process's exit status."""
     # The daemon owns signals; a Ctrl-C in the terminal must not kill workers first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    with socket.socket(fileno=args.fd) as sock:
+    with socket.socket(fileno=fd) as sock:
         limits = None
         if not args.no_sandbox:
             limits = sandbox.Limits(address_space_bytes=address_space(args.max_memory, args.max_output), cpu_seconds=int(args.max_timeout + CPU_SLACK_S))
@@ -136,8 +140,14 @@ def main(argv: list[str]) -> int:
             Worker(sock, limits, probe=args.probe).serve()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv[1:])
+    status = run(args.fd, args)
     # Skip interpreter teardown: there is nothing to flush, and it costs time.
-    os._exit(0)
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,20 @@ class Daemon:
     url: str
     process: subprocess.Popen[str]
 
-    def children(self) -> list[int]:
-        """PIDs of the daemon's child processes (its workers)."""
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    with open(f"/proc/{entry}/stat") as stat:
-                        if int(stat.read().rsplit(")", 1)[1].split()[1]) == self.process.pid:
-                            pids.append(int(entry))
-        return pids
+    def workers(self) -> list[int]:
+        """PIDs of the daemon's workers: the children of its zygote (its one child)."""
+        return [pid for zygote in children_of(self.process.pid) for pid in children_of(zygote)]
+
+
+def children_of(parent: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == parent:
+                        pids.append(int(entry))
+    return pids
 
 
 def cpu_ticks(pid: int) -> int:

@@ -61,11 +61,11 @@ def test_a_killed_worker_fails_only_its_own_execution(daemon: Daemon) -> None:
         waiting.send(execute("waiting", "const r = await tools.hang({}); r + 1"))
         assert receive(waiting)["type"] == "started"
         call = receive(waiting)
-        before = {pid: cpu_ticks(pid) for pid in daemon.children()}
+        before = {pid: cpu_ticks(pid) for pid in daemon.workers()}
         spinning.send(execute("victim", "while (true) {}", timeoutMs=60000))
         assert receive(spinning)["type"] == "started"
         time.sleep(0.5)
-        burned = max(daemon.children(), key=lambda pid: cpu_ticks(pid) - before.get(pid, 0))
+        burned = max(daemon.workers(), key=lambda pid: cpu_ticks(pid) - before.get(pid, 0))
         os.kill(burned, signal.SIGKILL)
         done = receive(spinning)
         assert done["id"] == "victim" and done["error"]["code"] == "internal_error"
@@ -92,9 +92,9 @@ def test_workers_are_replaced_after_timeouts_and_out_of_memory(daemon: Daemon) -
         assert run_to_done(ws, "m", "const a = []; while (true) a.push(new Array(1000).fill(1))", memoryLimitBytes=8 << 20)["error"]["code"] == "memory_limit"
         assert run_to_done(ws, "ok", "1 + 1")["result"] == 2
     deadline = time.monotonic() + 20
-    while len(daemon.children()) < 2 and time.monotonic() < deadline:
+    while len(daemon.workers()) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(daemon.children()) >= 2
+    assert len(daemon.workers()) >= 2
 
 
 def test_concurrent_sessions_each_get_their_own_answers(daemon: Daemon) -> None:
@@ -167,7 +167,7 @@ def test_garbage_bytes_instead_of_a_handshake_are_dropped(daemon: Daemon) -> Non
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_stop_the_daemon_cleanly_with_its_workers(sig: int) -> None:
     with running_daemon("--warm-workers", "2") as d:
-        workers = d.children()
+        workers = d.workers()
         assert workers
         assert stop(d.process, sig) == 0
     for pid in workers:
@@ -177,9 +177,9 @@ def test_signals_stop_the_daemon_cleanly_with_its_workers(sig: int) -> None:
 def test_settings_come_from_environment_variables() -> None:
     with running_daemon(env={"EXECBOX_RUNNER_WARM_WORKERS": "3"}) as d:
         deadline = time.monotonic() + 20
-        while len(d.children()) < 3 and time.monotonic() < deadline:
+        while len(d.workers()) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert len(d.children()) == 3
+        assert len(d.workers()) == 3
 
 
 def test_help_documents_every_flag() -> None:
