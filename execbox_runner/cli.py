@@ -35,6 +35,7 @@ def host_report(settings: config.Settings) -> dict[str, object]:
         "version": metadata.version("execbox-runner"),
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "profile": settings.profile,
         "interrupt_running_guests": native.SUPPORTED,
         "protections": protections,
         "warnings": sandbox.warnings(protections),
@@ -48,6 +49,7 @@ def _info(settings: config.Settings, as_json: bool) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"execbox-runner {report['version']} on Python {report['python']} ({report['machine']})")
+    print(f"profile: {report['profile']}")
     print(f"interrupting running guests: {'yes' if report['interrupt_running_guests'] else 'no (unresponsive workers are killed)'}")
     for name, state in report["protections"].items():  # type: ignore[attr-defined]
         status = "enforced" if state["enforced"] else ("NOT ENFORCEABLE" if state["requested"] else "off")

@@ -17,6 +17,7 @@ ENV_PREFIX = "EXECBOX_RUNNER_"
 
 @dataclass(frozen=True)
 class Settings:
+    profile: str = "standard"
     host: str = "127.0.0.1"
     port: int = 8765
     warm_workers: int = max(2, min(os.cpu_count() or 2, 8))
@@ -35,7 +36,10 @@ class Settings:
     log_level: str = "INFO"
 
 
+CHOICES: dict[str, tuple[str, ...]] = {"profile": ("standard", "hardened")}
+
 HELP: dict[str, str] = {
+    "profile": "standard: warm workers reused for up to --max-executions-per-worker executions (fresh QuickJS runtime each); hardened: a fresh confined process for every execution",
     "host": "address to listen on",
     "port": "TCP port to listen on (0 picks a free port)",
     "warm_workers": "idle worker processes kept started ahead of demand",
@@ -74,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             type=kind,
             default=None,
             metavar=field.name.upper(),
+            choices=CHOICES.get(field.name),
             help=f"{HELP[field.name]} (env {env}; default {field.default})",
         )
 
@@ -93,4 +98,6 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
                 values[field.name] = _parse_bool(env) if isinstance(field.default, bool) else type(field.default)(env)
             except ValueError:
                 raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r}") from None
+            if field.name in CHOICES and values[field.name] not in CHOICES[field.name]:
+                raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r} (choose from {', '.join(CHOICES[field.name])})")
     return Settings(**values)

@@ -16,12 +16,15 @@ import math
 import os
 import signal
 import socket
+import struct
+import subprocess
+import sys
 from typing import Final
 
 import trio
 
 from . import ipc
-from .zygote import ZygoteClient
+from .zygote import PID
 
 READY_TIMEOUT_S: Final = 30.0
 
@@ -85,6 +88,63 @@ class Worker:
     async def exited(self) -> None:
         """Return once the process has exited (it need not be our child)."""
         await trio.lowlevel.wait_readable(self.pidfd)
+
+
+class ZygoteClient:
+    """The daemon's side: start the zygote, ask it for workers."""
+
+    def __init__(self, worker_args: list[str]) -> None:
+        self.worker_args = worker_args
+        self.process: trio.Process | None = None
+        self._control: trio.socket.SocketType | None = None
+        self._lock = trio.Lock()
+
+    async def start(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "execbox_runner.zygote", str(child.fileno()), *self.worker_args],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                # One malloc arena: fewer address-space reservations under the workers' RLIMIT_AS.
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "1"},
+            )
+        finally:
+            child.close()
+        self._control = trio.socket.from_stdlib_socket(parent)
+
+    async def fork(self) -> tuple[int, socket.socket]:
+        """A new worker: its PID and the daemon's end of its channel."""
+        async with self._lock:
+            if self._control is None or self.process is None or self.process.returncode is not None:
+                await self.start()
+            assert self._control is not None
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                await self._control.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
+                answer = b""
+                while len(answer) < PID.size:
+                    chunk = await self._control.recv(PID.size - len(answer))
+                    if not chunk:
+                        self._control = None
+                        raise OSError("the zygote exited")
+                    answer += chunk
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            return PID.unpack(answer)[0], ours
+
+    async def aclose(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self.process is not None:
+            if self.process.returncode is None:
+                self.process.kill()
+            with trio.CancelScope(shield=True):
+                await self.process.wait()
 
 
 class WorkerPool:

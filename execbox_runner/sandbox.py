@@ -222,18 +222,34 @@ def set_cpu_backstop(seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-def confine(channel: int, limits: Limits, *, network: bool = True, drop_privileges: bool = True, seccomp: bool = True) -> list[str]:
-    """Confine this process (see the module docstring). Returns what could not be applied."""
+_isolated: list[str] | None = None  # once isolate() ran in this process: what it could not apply
+
+
+def isolate() -> list[str]:
+    """Steps 1 and 2, which every worker can share: done once by the zygote, inherited by its children.
+
+    One empty network namespace for all workers isolates as well as one each
+    (they cannot open sockets at all), and spares the kernel a namespace set-up
+    and tear-down per worker. Returns what could not be applied.
+    """
+    global _isolated
     missing: list[str] = []
-    if network and _libc().unshare(CLONE_NEWNET) != 0:
+    if _libc().unshare(CLONE_NEWNET) != 0:
         missing.append("network_namespace")
-    if drop_privileges and os.geteuid() == 0:
+    if os.geteuid() == 0:
         try:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
         except OSError:
             missing.append("drop_privileges")
+    _isolated = missing
+    return missing
+
+
+def confine(channel: int, limits: Limits, *, seccomp: bool = True) -> list[str]:
+    """Confine this process (see the module docstring). Returns what could not be applied."""
+    missing = list(_isolated) if _isolated is not None else isolate()
     close_inherited_fds(channel)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))

@@ -32,7 +32,8 @@ async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, i
     pool = WorkerPool(
         warm=settings.warm_workers,
         max_workers=settings.max_workers,
-        max_executions=settings.max_executions_per_worker,
+        # The hardened profile never runs two executions in one process.
+        max_executions=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
         max_frame=2 * settings.max_output_bytes + (1 << 20),
         worker_args=worker_arguments(settings),
     )

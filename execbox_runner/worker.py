@@ -44,9 +44,10 @@ CPU_SLACK_S: Final = 5.0
 
 
 class Worker:
-    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None, *, probe: bool = False) -> None:
+    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None, *, probe: bool = False, runtime: Runtime | None = None) -> None:
         self.sock = sock
         self.probe = probe  # test hook: report what the confined worker can do, then exit
+        self.first_runtime = runtime  # prepared by the zygote before forking
         self.limits = limits  # None: not confined (tests of the worker loop itself)
         self.inbox: queue.SimpleQueue[ipc.ToWorker | None] = queue.SimpleQueue()
         self.guest: GuestRun | None = None
@@ -54,7 +55,9 @@ class Worker:
     def serve(self) -> None:
         """Run executions until the channel closes or an execution asks for recycling."""
         normalize("0")  # load the parser before the first request
-        runtime: Runtime = fresh_runtime()  # also compiles the bootstrap while files can still be read
+        # (fresh_runtime also compiles the bootstrap, while files can still be read.)
+        runtime: Runtime = self.first_runtime or fresh_runtime()
+        self.first_runtime = None
         threading.Thread(target=self._read, name="channel-reader", daemon=True).start()
         missing = sandbox.confine(self.sock.fileno(), self.limits) if self.limits is not None else ["all"]
         if self.probe:
@@ -127,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(fd: int, args: argparse.Namespace) -> int:
+def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> int:
     """Be a worker on channel ``fd`` until it closes; the process's exit status."""
     # The daemon owns signals; a Ctrl-C in the terminal must not kill workers first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -137,7 +140,7 @@ def run(fd: int, args: argparse.Namespace) -> int:
         if not args.no_sandbox:
             limits = sandbox.Limits(address_space_bytes=address_space(args.max_memory, args.max_output), cpu_seconds=int(args.max_timeout + CPU_SLACK_S))
         try:
-            Worker(sock, limits, probe=args.probe).serve()
+            Worker(sock, limits, probe=args.probe, runtime=runtime).serve()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
     return 0

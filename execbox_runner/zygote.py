@@ -13,6 +13,9 @@ The zygote reaps its children (so their CPU time is accounted to it); the
 daemon follows each one through a pidfd, which also makes killing it safe
 against PID reuse.
 
+It imports only what workers need (no trio, no websockets): the smaller the
+process, the cheaper each fork. The daemon's side is ``pool.ZygoteClient``.
+
 Usage (by the pool only): ``python -m execbox_runner.zygote FD [worker options]``
 """
 
@@ -23,13 +26,10 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 from typing import Final
 
-import trio
-
-from . import worker
+from . import sandbox, worker
 from .guest import fresh_runtime
 from .normalize import normalize
 
@@ -38,8 +38,11 @@ PID: Final = struct.Struct(">I")
 
 def serve(control: socket.socket, args: argparse.Namespace) -> None:
     """Fork a worker for each request until the daemon closes the control socket."""
+    if not args.no_sandbox:
+        sandbox.isolate()  # the network namespace and user every worker shares
     normalize("0")
-    fresh_runtime()  # compiles the bootstrap once, for every child to inherit
+    # Each child inherits its own copy of this runtime, fresh and never used here.
+    runtime = fresh_runtime()
     signal.signal(signal.SIGCHLD, _reap_children)
     while True:
         try:
@@ -53,7 +56,7 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
         if pid == 0:
             control.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os._exit(worker.run(channel, args))
+            os._exit(worker.run(channel, args, runtime))
         os.close(channel)
         control.sendall(PID.pack(pid))
 
@@ -74,63 +77,6 @@ def main(argv: list[str]) -> int:
     with socket.socket(fileno=args.fd) as control:
         serve(control, args)
     return 0
-
-
-class ZygoteClient:
-    """The daemon's side: start the zygote, ask it for workers."""
-
-    def __init__(self, worker_args: list[str]) -> None:
-        self.worker_args = worker_args
-        self.process: trio.Process | None = None
-        self._control: trio.socket.SocketType | None = None
-        self._lock = trio.Lock()
-
-    async def start(self) -> None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "execbox_runner.zygote", str(child.fileno()), *self.worker_args],
-                pass_fds=(child.fileno(),),
-                stdin=subprocess.DEVNULL,
-                # One malloc arena: fewer address-space reservations under the workers' RLIMIT_AS.
-                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "1"},
-            )
-        finally:
-            child.close()
-        self._control = trio.socket.from_stdlib_socket(parent)
-
-    async def fork(self) -> tuple[int, socket.socket]:
-        """A new worker: its PID and the daemon's end of its channel."""
-        async with self._lock:
-            if self._control is None or self.process is None or self.process.returncode is not None:
-                await self.start()
-            assert self._control is not None
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                await self._control.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
-                answer = b""
-                while len(answer) < PID.size:
-                    chunk = await self._control.recv(PID.size - len(answer))
-                    if not chunk:
-                        self._control = None
-                        raise OSError("the zygote exited")
-                    answer += chunk
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-            return PID.unpack(answer)[0], ours
-
-    async def aclose(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
-        if self.process is not None:
-            if self.process.returncode is None:
-                self.process.kill()
-            with trio.CancelScope(shield=True):
-                await self.process.wait()
 
 
 if __name__ == "__main__":
