@@ -1,0 +1,111 @@
+"""A hostile-guest corpus against the real daemon: every execution gets its done,
+the daemon survives, and nothing leaks (descriptors, processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from .daemonkit import Daemon, client, cpu_ticks, execute, receive, run_to_done, running_daemon
+
+MEMORY = 16 << 20
+CORPUS: dict[str, tuple[str, set[str]]] = {
+    # memory bombs of several shapes
+    "array_growth": ("const a = []; while (true) a.push(new Array(1000).fill(a.length))", {"memory_limit"}),
+    "string_doubling": ("let s = 'x'; while (true) s += s", {"memory_limit", "runtime_error"}),
+    "object_graph": ("let o = {}; for (let i = 0; ; i++) o = { next: o, pad: [i, i, i, i] }", {"memory_limit"}),
+    "typed_array": ("new Uint8Array(1e9)", {"memory_limit", "runtime_error"}),
+    "map_growth": ("const m = new Map(); for (let i = 0; ; i++) m.set(i, { i })", {"memory_limit"}),
+    "small_strings": ("const s = []; for (let i = 0; ; i++) s.push('x'.repeat(64) + i)", {"memory_limit", "runtime_error"}),
+    "nested_bomb": ("function f() { const a = []; while (true) a.push({ a: [1, 2, 3] }) } f()", {"memory_limit", "runtime_error"}),
+    # stack exhaustion
+    "recursion": ("function f(n) { return f(n + 1) + 1 } f(0)", {"runtime_error"}),
+    "mutual_recursion": ("const a = (n) => b(n) + 1; const b = (n) => a(n) + 1; a(0)", {"runtime_error"}),
+    "deep_result": ("let v = []; for (let i = 0; i < 100000; i++) v = [v]; v", {"serialization_error", "runtime_error"}),
+    "deep_json_parse": ("JSON.parse('['.repeat(100000) + ']'.repeat(100000))", {"runtime_error", "memory_limit"}),
+    # log floods
+    "log_flood": ("for (let i = 0; i < 200000; i++) console.log('flood', i); 1", {"ok"}),
+    "log_huge_lines": ("const s = 'y'.repeat(1 << 20); for (let i = 0; i < 100; i++) console.log(s); 1", {"ok"}),
+    # promise and job storms
+    "microtask_storm": ("const spin = () => Promise.resolve().then(spin); spin(); await new Promise(() => {})", {"timeout"}),
+    "promise_all_storm": ("await Promise.all(Array.from({ length: 200000 }, (_, i) => Promise.resolve(i))); 1", {"ok", "memory_limit", "runtime_error"}),
+    "queue_microtask_storm": ("const again = () => queueMicrotask(again); again(); await new Promise(() => {})", {"timeout"}),
+    "tool_call_flood": ("await Promise.all(Array.from({ length: 2000 }, (_, i) => tools.echo(i))); 1", {"ok"}),
+    # huge strings and results
+    "huge_result": ("'z'.repeat(20 << 20)", {"serialization_error", "memory_limit"}),
+    "huge_tool_input": ("await tools.echo('q'.repeat(20 << 20))", {"serialization_error", "memory_limit"}),
+    # time
+    "spin": ("while (true) {}", {"timeout"}),
+    "spin_in_catch": ("try { throw 1 } catch { while (true) {} }", {"timeout"}),
+    "spin_after_tool": ("await tools.echo(1); for (;;) {}", {"timeout"}),
+    "atomics_wait": ("Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0); 1", {"timeout", "runtime_error"}),
+    # tampering with what the bootstrap relies on
+    "tamper_builtins": (
+        """Object.defineProperty = () => { throw 1 }; Map.prototype.get = () => { throw 2 }; Map.prototype.set = () => { throw 3 };
+        JSON.stringify = () => '"forged"'; JSON.parse = () => ({ forged: true }); Promise.prototype.then = function () { throw 4 };
+        Function.prototype.call = function () { throw 5 }; Function.prototype.apply = function () { throw 6 };
+        Array.prototype[Symbol.iterator] = function* () { yield 'forged' }; String.prototype.slice = () => 'forged';
+        Object.defineProperty(Object.prototype, 'then', { get() { throw 7 } });
+        const r = await tools.echo({ a: [1, 2] }); console.log('after'); r""",
+        {"ok", "runtime_error"},
+    ),
+    "tamper_error_classification": ("Error.isError = () => true; Object.getPrototypeOf = () => null; throw new Error('out of memory')", {"runtime_error"}),
+}
+
+
+@pytest.fixture(scope="module", params=["standard", "hardened"])
+def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    with running_daemon("--profile", request.param, "--warm-workers", "2", "--max-output-bytes", str(8 << 20)) as d:
+        yield d
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_the_corpus_cannot_hurt_the_daemon(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        run_to_done(ws, "warm-up", "1")
+    fds_before = open_fds(daemon.process.pid)
+    outcomes: dict[str, str] = {}
+    for name, (code, expected) in CORPUS.items():
+        started = time.monotonic()
+        with client(daemon.url) as ws:
+            done = run_to_done(ws, name, code, timeoutMs=1500, memoryLimitBytes=MEMORY, maxLogChars=100_000)
+        outcomes[name] = "ok" if done["ok"] else done["error"]["code"]
+        assert outcomes[name] in expected, (name, done.get("error"))
+        assert time.monotonic() - started < 30, name
+        assert daemon.process.poll() is None, f"the daemon died on {name}"
+    # Still serving, and nothing left behind.
+    with client(daemon.url) as ws:
+        assert run_to_done(ws, "after", "await tools.echo(41) + 1")["result"] == 42
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (open_fds(daemon.process.pid) > fds_before or len(daemon.workers()) > 2 + 2):
+        time.sleep(0.2)
+    assert open_fds(daemon.process.pid) <= fds_before, "the daemon leaked file descriptors"
+    assert len(daemon.workers()) <= 4, "worker processes were left behind"
+
+
+def test_only_the_hardened_profile_retires_a_worker_after_one_execution(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        before = {pid: cpu_ticks(pid) for pid in daemon.workers()}
+        ws.send(execute("burn", "let s = 0; for (let i = 0; i < 3e7; i++) s += i; await tools.echo(1); s"))
+        assert receive(ws)["type"] == "started"
+        call = receive(ws)
+        # The worker that burned CPU is the one running this execution.
+        ran = max(daemon.workers(), key=lambda pid: cpu_ticks(pid) - before.get(pid, 0))
+        ws.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 1}))
+        assert receive(ws)["type"] == "done"
+    profile = daemon.process.args[daemon.process.args.index("--profile") + 1]  # type: ignore[union-attr]
+    if profile == "standard":
+        time.sleep(0.5)
+        assert ran in daemon.workers(), "a standard worker is kept for the next execution"
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ran in daemon.workers():
+        time.sleep(0.05)
+    assert ran not in daemon.workers(), "a hardened worker must not outlive its execution"
