@@ -5,16 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import signal
 import sys
-from dataclasses import asdict
-from importlib import metadata
 
 import trio
 
-from . import config, native, sandbox
-from .server import serve
+from . import config
+from .server import Daemon, host_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,21 +23,6 @@ def build_parser() -> argparse.ArgumentParser:
     info_parser.add_argument("--json", action="store_true", help="machine-readable output")
     config.add_arguments(info_parser)
     return parser
-
-
-def host_report(settings: config.Settings) -> dict[str, object]:
-    """What the daemon would enforce here with these settings (also logged at start-up)."""
-    protections = sandbox.enforcement(settings.sandbox)
-    return {
-        "version": metadata.version("execbox-runner"),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "profile": settings.profile,
-        "interrupt_running_guests": native.SUPPORTED,
-        "protections": protections,
-        "warnings": sandbox.warnings(protections),
-        "limits": {key: value for key, value in asdict(settings).items() if key.startswith("max_")},
-    }
 
 
 def _info(settings: config.Settings, as_json: bool) -> int:
@@ -60,13 +42,15 @@ def _info(settings: config.Settings, as_json: bool) -> int:
 
 
 async def _serve_until_signalled(settings: config.Settings) -> None:
+    daemon = Daemon(settings)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            host, port = await nursery.start(serve, settings)
+            host, port = await nursery.start(daemon.serve)
             shown = f"[{host}]" if ":" in host else host
             print(f"execbox-runner listening on ws://{shown}:{port}/", flush=True)
             async for signum in signals:
-                logging.getLogger("execbox_runner").info("received %s, stopping", signal.Signals(signum).name)
+                logging.getLogger("execbox_runner").info("received %s, draining (up to %g s)", signal.Signals(signum).name, settings.drain_grace)
+                await daemon.drain()
                 nursery.cancel_scope.cancel()
                 break
 

@@ -27,6 +27,9 @@ class Settings:
     max_output_bytes: int = 16 * 1024 * 1024
     max_timeout_ms: int = 300_000
     max_memory_limit_bytes: int = 512 * 1024 * 1024
+    max_sessions: int = 256
+    idle_timeout: float = 60.0
+    drain_grace: float = 25.0
     sandbox: bool = True
     send_timeout: float = 10.0
     handshake_timeout: float = 10.0
@@ -49,6 +52,9 @@ HELP: dict[str, str] = {
     "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
     "max_timeout_ms": "largest timeoutMs an execute may ask for; larger: done validation_error",
     "max_memory_limit_bytes": "largest memoryLimitBytes an execute may ask for; larger: done validation_error",
+    "max_sessions": "most concurrent sessions (one execution each); beyond it handshakes get HTTP 503 with Retry-After",
+    "idle_timeout": "seconds a session may go without an execution before it is closed (1000)",
+    "drain_grace": "on SIGTERM/SIGINT: seconds running executions get to finish before they are cancelled",
     "sandbox": "confine workers (namespaces, rlimits, seccomp); 'false' only for debugging",
     "send_timeout": "seconds a send to a host may block before the host is dropped",
     "handshake_timeout": "seconds a client has to complete the WebSocket handshake",

@@ -21,10 +21,12 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from . import ipc
+from . import endpoints, ipc
+from .endpoints import DaemonState
 from .pool import Worker, WorkerLost, WorkerPool
 from .session import (
     Action,
+    Phase,
     CloseTransport,
     ReleaseWorker,
     SendToHost,
@@ -36,8 +38,7 @@ from .session import (
 log = logging.getLogger(__name__)
 
 RECEIVE_BYTES: Final = 65536
-CLOSE_GOING_AWAY: Final = 1001
-CLOSE_INTERNAL_ERROR: Final = 1011
+CLOSE_NORMAL: Final = 1000
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,17 @@ class ConnectionLimits:
     max_output_bytes: int
     max_timeout_ms: int
     max_memory_limit_bytes: int
+    idle_timeout_s: float
 
 
 class Connection:
-    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, limits: ConnectionLimits) -> None:
+    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, limits: ConnectionLimits, state: DaemonState) -> None:
         self.stream = stream
         self.pool = pool
         self.limits = limits
+        self.state = state
+        self._counted = False  # this connection holds one of the daemon's session places
+        self._idle_since: float | None = None  # when the session last had no execution
         self.ws = ServerProtocol(max_size=limits.max_message_bytes)
         self.session = Session(cancel_grace=limits.cancel_grace_s, timeout_grace=limits.timeout_grace_s, max_output_bytes=limits.max_output_bytes, max_timeout_ms=limits.max_timeout_ms, max_memory_limit_bytes=limits.max_memory_limit_bytes)
         self.worker: Worker | None = None
@@ -65,6 +70,7 @@ class Connection:
         self._eof = False
         self._fragments: list[bytes] | None = None  # a text message arriving in pieces
         self._execution_scope: trio.CancelScope | None = None
+        self._execution_task: trio.lowlevel.Task | None = None
         self._timer_scope: trio.CancelScope | None = None  # the read loop's wait
         self._close_deadline = float("inf")  # set once the closing handshake starts
         self._nursery: trio.Nursery | None = None
@@ -87,6 +93,8 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
+            if self._counted:
+                self.state.sessions -= 1
             with trio.CancelScope(shield=True):
                 self._perform_sync(self.session.transport_closed())
                 await self.stream.aclose()
@@ -101,8 +109,17 @@ class Connection:
             events = self.ws.events_received()
             for index, event in enumerate(events):
                 if isinstance(event, Request):
+                    answer = endpoints.route(event, self.state)
+                    if answer is not None:  # health, readiness, or a refused session
+                        self.ws.send_response(answer)
+                        await self._flush()
+                        return None
                     self.ws.send_response(self.ws.accept(event))
                     await self._flush()
+                    if self.ws.state is State.OPEN:
+                        self.state.sessions += 1
+                        self._counted = True
+                        self._idle_since = trio.current_time()
                     return [e for e in events[index + 1 :] if isinstance(e, Frame)]
             if self.ws.close_expected():  # malformed handshake: websockets answered 400
                 await self._flush()
@@ -126,6 +143,11 @@ class Connection:
                 now = trio.current_time()
                 if now >= self._close_deadline:
                     return
+                if self._idle_since is not None and now >= self._idle_since + self.limits.idle_timeout_s:
+                    self._idle_since = None
+                    await self._close(CLOSE_NORMAL, f"no execute within {self.limits.idle_timeout_s:g} s")
+                    self._close_deadline = now + self.limits.close_timeout_s
+                    continue
                 await self._perform(self.session.timer(now))
                 continue
             if data:
@@ -172,7 +194,16 @@ class Connection:
                 self._release(action.reusable)
             elif isinstance(action, CloseTransport):
                 await self._close(action.code, action.reason)
+        if self.session.execution_id is None:
+            if self._idle_since is None and self.session.phase is not Phase.CLOSED:
+                self._idle_since = trio.current_time()
+        else:
+            self._idle_since = None
         self._rearm_timer()
+
+    async def shutdown(self) -> None:
+        """The daemon is stopping: cancel this session's execution (it gets its done), then close."""
+        await self._perform(self.session.shutdown(trio.current_time()))
 
     def _perform_sync(self, actions: list[Action]) -> None:
         """Actions that need no I/O (used once the transport is gone)."""
@@ -219,17 +250,17 @@ class Connection:
         worker: Worker | None = None
         with trio.CancelScope() as scope:
             self._execution_scope = scope
+            self._execution_task = trio.lowlevel.current_task()
             try:
                 worker = self.worker = await self.pool.acquire()
                 await worker.send(run)
-                while True:
+                while self.worker is worker:  # until the session lets the worker go
                     message = await worker.receive()
                     now = trio.current_time()
                     if isinstance(message, ipc.ToolCalls):
                         await self._perform(self.session.worker_tool_calls(message, now))
                     elif isinstance(message, ipc.Finished):
                         await self._perform(self.session.worker_finished(message, now))
-                        return
             except WorkerLost as exc:
                 await self._perform(self.session.worker_lost(trio.current_time(), str(exc)))
             finally:
@@ -254,17 +285,24 @@ class Connection:
 
     def _release(self, reusable: bool) -> None:
         worker, self.worker = self.worker, None
-        if self._execution_scope is not None:
+        # Another task (timer, host frame) stops the relay; the relay itself just
+        # returns after finishing its own actions, which must not be cut short.
+        if self._execution_scope is not None and trio.lowlevel.current_task() is not self._execution_task:
             self._execution_scope.cancel()
-            self._execution_scope = None
+        self._execution_scope = None
         if worker is not None:
             self.pool.release(worker, reusable)
 
     # ------------------------------------------------------------------ timer
 
     def _deadline(self) -> float:
+        """The session's next deadline, or when an idle session times out."""
         deadline = self.session.deadline
-        return deadline if deadline is not None else float("inf")
+        if deadline is not None:
+            return deadline
+        if self._idle_since is not None:
+            return self._idle_since + self.limits.idle_timeout_s
+        return float("inf")
 
     def _rearm_timer(self) -> None:
         if self._timer_scope is not None:

@@ -1,22 +1,44 @@
 """The daemon: a trio TCP listener that gives each connection a ``Connection``.
 
-``serve`` starts the worker pool, waits until it is warm, listens, reports the
-bound address through ``task_status`` (so tests and the CLI learn a port 0
-choice), and runs until cancelled.
+``Daemon.serve`` starts the worker pool, waits until it is warm, listens,
+reports the bound address through ``task_status`` (so tests and the CLI learn
+a port 0 choice), and runs until cancelled. ``Daemon.drain`` is the graceful
+stop: refuse new sessions, let running executions finish within the grace,
+cancel the rest (each still gets its ``done``), close every session.
 """
 
 from __future__ import annotations
 
 import logging
+import platform
+from dataclasses import asdict
+from importlib import metadata
 
 import trio
 
 from . import native, sandbox
 from .config import Settings
 from .connection import Connection, ConnectionLimits
+from .endpoints import DaemonState
 from .pool import WorkerPool
 
 log = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.02
+
+
+def host_report(settings: Settings) -> dict[str, object]:
+    """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
+    protections = sandbox.enforcement(settings.sandbox)
+    return {
+        "version": metadata.version("execbox-runner"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "profile": settings.profile,
+        "interrupt_running_guests": native.SUPPORTED,
+        "protections": protections,
+        "warnings": sandbox.warnings(protections),
+        "limits": {key: value for key, value in asdict(settings).items() if key.startswith("max_")},
+    }
 
 
 def worker_arguments(settings: Settings) -> list[str]:
@@ -24,43 +46,69 @@ def worker_arguments(settings: Settings) -> list[str]:
     return args if settings.sandbox else [*args, "--no-sandbox"]
 
 
-async def serve(settings: Settings, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
-    for warning in sandbox.warnings(sandbox.enforcement(settings.sandbox)):
-        log.warning(warning)
-    if not native.SUPPORTED:
-        log.warning("cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed")
-    pool = WorkerPool(
-        warm=settings.warm_workers,
-        max_workers=settings.max_workers,
-        # The hardened profile never runs two executions in one process.
-        max_executions=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
-        max_frame=2 * settings.max_output_bytes + (1 << 20),
-        worker_args=worker_arguments(settings),
-    )
-    limits = ConnectionLimits(
-        max_message_bytes=settings.max_message_bytes,
-        send_timeout_s=settings.send_timeout,
-        handshake_timeout_s=settings.handshake_timeout,
-        close_timeout_s=settings.close_timeout,
-        cancel_grace_s=settings.cancel_grace,
-        timeout_grace_s=settings.timeout_grace,
-        max_output_bytes=settings.max_output_bytes,
-        max_timeout_ms=settings.max_timeout_ms,
-        max_memory_limit_bytes=settings.max_memory_limit_bytes,
-    )
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pool = WorkerPool(
+            warm=settings.warm_workers,
+            max_workers=settings.max_workers,
+            # The hardened profile never runs two executions in one process.
+            max_executions=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
+            max_frame=2 * settings.max_output_bytes + (1 << 20),
+            worker_args=worker_arguments(settings),
+        )
+        self.limits = ConnectionLimits(
+            max_message_bytes=settings.max_message_bytes,
+            send_timeout_s=settings.send_timeout,
+            handshake_timeout_s=settings.handshake_timeout,
+            close_timeout_s=settings.close_timeout,
+            cancel_grace_s=settings.cancel_grace,
+            timeout_grace_s=settings.timeout_grace,
+            max_output_bytes=settings.max_output_bytes,
+            max_timeout_ms=settings.max_timeout_ms,
+            max_memory_limit_bytes=settings.max_memory_limit_bytes,
+            idle_timeout_s=settings.idle_timeout,
+        )
+        self.report = host_report(settings)
+        self.state = DaemonState(max_sessions=settings.max_sessions, report=self.report)
+        self.connections: set[Connection] = set()
 
-    async def handle(stream: trio.SocketStream) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
+        for warning in self.report["warnings"]:  # type: ignore[attr-defined]
+            log.warning(warning)
+        if not native.SUPPORTED:
+            log.warning("cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.pool.run)
+            self.state.pool_ready = True
+            listeners = await trio.open_tcp_listeners(self.settings.port, host=self.settings.host)
+            for listener in listeners:
+                listener.socket.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+            host, port = listeners[0].socket.getsockname()[:2]
+            task_status.started((host, port))
+            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        connection = Connection(stream, self.pool, self.limits, self.state)
+        self.connections.add(connection)
         try:
-            await Connection(stream, pool, limits).serve()
+            await connection.serve()
         except Exception:
             # A bug in one connection must never take the daemon down.
             log.exception("connection failed")
+        finally:
+            self.connections.discard(connection)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        listeners = await trio.open_tcp_listeners(settings.port, host=settings.host)
-        for listener in listeners:
-            listener.socket.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        host, port = listeners[0].socket.getsockname()[:2]
-        task_status.started((host, port))
-        await trio.serve_listeners(handle, listeners, handler_nursery=nursery)
+    async def drain(self) -> None:
+        """Stop gracefully: new sessions get 503 (and /readyz fails) at once; running
+        executions have ``drain_grace`` seconds to finish; then the rest are cancelled
+        (each still gets its ``done``) and every session is closed with 1001."""
+        self.state.draining = True
+        with trio.move_on_after(self.settings.drain_grace):
+            while any(c.session.execution_id is not None for c in self.connections):
+                await trio.sleep(DRAIN_POLL_S)
+        for connection in list(self.connections):
+            await connection.shutdown()
+        with trio.move_on_after(self.settings.cancel_grace + self.settings.close_timeout + 1):
+            while self.connections:
+                await trio.sleep(DRAIN_POLL_S)

@@ -39,8 +39,10 @@ from .messages import (
 
 TIMEOUT_MESSAGE: Final = "Execution timed out"
 ALREADY_ACTIVE_MESSAGE: Final = "An execution is already active on this session"
+SHUTDOWN_MESSAGE: Final = "the runner is shutting down"
 
 # WebSocket close codes (RFC 6455) for frames that cannot be answered with a ``done``.
+CLOSE_GOING_AWAY: Final = 1001  # the daemon is shutting down
 CLOSE_UNSUPPORTED_DATA: Final = 1003  # binary frame
 CLOSE_INVALID_PAYLOAD: Final = 1007  # not JSON
 CLOSE_POLICY_VIOLATION: Final = 1008  # JSON, but not a valid host message
@@ -125,6 +127,7 @@ class Session:
         self.phase = Phase.IDLE
         self.deadline: float | None = None
         self._exec: _Execution | None = None
+        self._shutting_down = False
 
     @property
     def execution_id(self) -> str | None:
@@ -307,7 +310,23 @@ class Session:
         assert ex is not None
         done_bytes = _failure(ex.id, _elapsed_ms(ex, now), ex.logs, "timeout", TIMEOUT_MESSAGE)
         self._end()
+        if self._shutting_down:
+            self.phase = Phase.CLOSED
+            return [SendToHost(done_bytes), release, CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE)]
         return [SendToHost(done_bytes), release]
+
+    def shutdown(self, now: float) -> list[Action]:
+        """The daemon is stopping: a running execution is cancelled (it still gets its
+        ``done``, as ``timeout``), then the connection closes with 1001."""
+        if self.phase is Phase.CLOSED or self._shutting_down:
+            return []
+        self._shutting_down = True
+        if self.phase is Phase.RUNNING:
+            return self._abort(now, self.cancel_grace)
+        if self.phase is Phase.ABORTING:
+            return []  # its done is on the way, and the close follows it
+        self.phase = Phase.CLOSED
+        return [CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE)]
 
     def _end(self) -> None:
         self._exec = None

@@ -1,0 +1,59 @@
+"""The plain-HTTP side of the daemon's one port: health, readiness, admission.
+
+Every request reaches the daemon as a WebSocket handshake request. ``route``
+answers the ones that are not sessions (``GET /healthz``, ``GET /readyz``)
+and refuses handshakes the daemon cannot take now (draining, or at its
+maximum of concurrent sessions) with HTTP 503 and ``Retry-After``, before any
+session exists: a host is never accepted and then starved. Everything else
+becomes a session.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Final
+
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+RETRY_AFTER_S: Final = 1
+
+
+@dataclass
+class DaemonState:
+    """What the endpoints report, kept current by the server."""
+
+    max_sessions: int
+    report: dict[str, object]
+    sessions: int = 0
+    draining: bool = False
+    pool_ready: bool = False
+    refused: dict[str, int] = field(default_factory=lambda: {"draining": 0, "busy": 0})
+
+    @property
+    def ready(self) -> bool:
+        return self.pool_ready and not self.draining
+
+
+def _json(status: int, reason: str, body: dict[str, object], extra: list[tuple[str, str]] | None = None) -> Response:
+    data = json.dumps(body).encode()
+    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(data))), ("Cache-Control", "no-store"), *(extra or [])])
+    return Response(status, reason, headers, data)
+
+
+def route(request: Request, state: DaemonState) -> Response | None:
+    """The response to a non-session request or a refused handshake; None to accept a session."""
+    path = request.path.split("?", 1)[0]
+    if path == "/healthz":
+        return _json(200, "OK", {"status": "alive", "sessions": state.sessions, "draining": state.draining, "protections": state.report.get("protections")})
+    if path == "/readyz":
+        if state.ready:
+            return _json(200, "OK", {"status": "ready"})
+        return _json(503, "Service Unavailable", {"status": "draining" if state.draining else "starting"}, [("Retry-After", str(RETRY_AFTER_S))])
+    refusal = "draining" if state.draining else "busy" if state.sessions >= state.max_sessions else None
+    if refusal is None:
+        return None
+    state.refused[refusal] += 1
+    message = "the runner is shutting down" if refusal == "draining" else f"the runner is at its maximum of {state.max_sessions} concurrent sessions"
+    return _json(503, "Service Unavailable", {"error": refusal, "message": message}, [("Retry-After", str(RETRY_AFTER_S))])

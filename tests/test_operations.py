@@ -1,0 +1,90 @@
+"""Operating the daemon: health, readiness, admission, idle sessions, graceful drain."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
+
+
+def get(daemon: Daemon, path: str) -> tuple[int, dict[str, str], dict]:
+    host, port = daemon.url.removeprefix("ws://").strip("/").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon("--max-sessions", "2", "--idle-timeout", "0.5") as d:
+        yield d
+
+
+def test_healthz_reports_alive_with_the_enforced_protections(daemon: Daemon) -> None:
+    status, headers, body = get(daemon, "/healthz")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert body["status"] == "alive" and body["draining"] is False
+    assert body["protections"]["seccomp"]["requested"] is True
+
+
+def test_readyz_is_ready_once_workers_are_warm(daemon: Daemon) -> None:
+    assert get(daemon, "/readyz")[:1] == (200,)
+
+
+def test_sessions_beyond_the_maximum_get_503_with_retry_after(daemon: Daemon) -> None:
+    with client(daemon.url) as first, client(daemon.url) as second:
+        with pytest.raises(InvalidStatus) as refused:
+            client(daemon.url)
+        assert refused.value.response.status_code == 503
+        assert refused.value.response.headers["Retry-After"] == "1"
+        assert json.loads(refused.value.response.body)["error"] == "busy"
+        assert run_to_done(first, "a", "1")["ok"] and run_to_done(second, "b", "2")["ok"]
+    time.sleep(0.2)
+    with client(daemon.url) as again:  # places are given back when sessions end
+        assert run_to_done(again, "c", "3")["result"] == 3
+
+
+def test_idle_sessions_are_closed(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+
+
+def test_sigterm_drains_lets_short_work_finish_and_cancels_the_rest() -> None:
+    with running_daemon("--drain-grace", "1.5") as d:
+        quick, slow = client(d.url), client(d.url)
+        quick.send(execute("quick", "await tools.hang({})"))
+        slow.send(execute("slow", "await tools.hang({})"))
+        quick_call = [receive(quick), receive(quick)][1]
+        [receive(slow), receive(slow)]
+        d.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        # Draining: not ready, no new sessions, but running executions go on.
+        assert get(d, "/readyz")[0] == 503
+        with pytest.raises(InvalidStatus) as refused:
+            client(d.url)
+        assert refused.value.response.status_code == 503
+        quick.send(json.dumps({"type": "tool_result", "callId": quick_call["callId"], "ok": True, "result": 7}))
+        assert receive(quick)["result"] == 7
+        # The slow one is cancelled when the grace runs out: it still gets its done, then 1001.
+        done = receive(slow, timeout=10)
+        assert done["error"] == {"code": "timeout", "message": "Execution timed out"}
+        with pytest.raises(ConnectionClosed) as closed:
+            slow.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+        assert d.process.wait(timeout=20) == 0
+        for ws in (quick, slow):
+            ws.close()
