@@ -6,12 +6,13 @@ import argparse
 import json
 import logging
 import signal
+import ssl
 import sys
 
 import trio
 
 from . import config
-from .server import Daemon, host_report
+from .server import ConfigurationError, Daemon, host_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,13 +42,14 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     return 0
 
 
-async def _serve_until_signalled(settings: config.Settings) -> None:
-    daemon = Daemon(settings)
+async def _serve_until_signalled(daemon: Daemon) -> None:
+    settings = daemon.settings
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(daemon.serve)
             shown = f"[{host}]" if ":" in host else host
-            print(f"execbox-runner listening on ws://{shown}:{port}/", flush=True)
+            scheme = "wss" if daemon.tls is not None else "ws"
+            print(f"execbox-runner listening on {scheme}://{shown}:{port}/", flush=True)
             async for signum in signals:
                 logging.getLogger("execbox_runner").info("received %s, draining (up to %g s)", signal.Signals(signum).name, settings.drain_grace)
                 await daemon.drain()
@@ -62,9 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         return _info(settings, args.json)
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    try:
+        daemon = Daemon(settings)
+    except (ConfigurationError, OSError, ssl.SSLError) as exc:
+        print(f"execbox-runner: {exc}", file=sys.stderr)
+        return 2
     status = 0
     try:
-        trio.run(_serve_until_signalled, settings)
+        trio.run(_serve_until_signalled, daemon)
     except* OSError as group:  # e.g. the port is taken
         exc: BaseException = group
         while isinstance(exc, BaseExceptionGroup):

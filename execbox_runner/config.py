@@ -27,6 +27,12 @@ class Settings:
     max_output_bytes: int = 16 * 1024 * 1024
     max_timeout_ms: int = 300_000
     max_memory_limit_bytes: int = 512 * 1024 * 1024
+    tokens_file: str = ""
+    tokens: str = ""
+    allow_unauthenticated: bool = False
+    allowed_origins: str = ""
+    certfile: str = ""
+    keyfile: str = ""
     max_sessions: int = 256
     idle_timeout: float = 60.0
     drain_grace: float = 25.0
@@ -52,6 +58,12 @@ HELP: dict[str, str] = {
     "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
     "max_timeout_ms": "largest timeoutMs an execute may ask for; larger: done validation_error",
     "max_memory_limit_bytes": "largest memoryLimitBytes an execute may ask for; larger: done validation_error",
+    "tokens_file": "file of accepted bearer tokens, one per line; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
+    "tokens": "accepted bearer tokens, comma-separated (prefer the environment variable or --tokens-file)",
+    "allow_unauthenticated": "serve a non-loopback address without tokens (refused otherwise)",
+    "allowed_origins": "comma-separated Origin values allowed to open sessions (else HTTP 403); empty: any",
+    "certfile": "TLS certificate chain (PEM): serve wss:// instead of ws://",
+    "keyfile": "TLS private key (PEM), with --certfile",
     "max_sessions": "most concurrent sessions (one execution each); beyond it handshakes get HTTP 503 with Retry-After",
     "idle_timeout": "seconds a session may go without an execution before it is closed (1000)",
     "drain_grace": "on SIGTERM/SIGINT: seconds running executions get to finish before they are cancelled",

@@ -26,8 +26,8 @@ from .endpoints import DaemonState
 from .pool import Worker, WorkerLost, WorkerPool
 from .session import (
     Action,
-    Phase,
     CloseTransport,
+    Phase,
     ReleaseWorker,
     SendToHost,
     SendToWorker,

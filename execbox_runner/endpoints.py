@@ -1,15 +1,18 @@
 """The plain-HTTP side of the daemon's one port: health, readiness, admission.
 
 Every request reaches the daemon as a WebSocket handshake request. ``route``
-answers the ones that are not sessions (``GET /healthz``, ``GET /readyz``)
-and refuses handshakes the daemon cannot take now (draining, or at its
-maximum of concurrent sessions) with HTTP 503 and ``Retry-After``, before any
-session exists: a host is never accepted and then starved. Everything else
-becomes a session.
+answers the ones that are not sessions (``GET /healthz``, ``GET /readyz``,
+unauthenticated so that probes work) and refuses handshakes that may not
+become sessions: a missing or wrong bearer token (401, tokens compared in
+constant time), an Origin not allowed (403), or a daemon that cannot take a
+session now (draining, or at its maximum of concurrent sessions: 503 with
+``Retry-After``). All of this happens before any session exists: a host is
+never accepted and then starved. Everything else becomes a session.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 from dataclasses import dataclass, field
 from typing import Final
@@ -26,10 +29,12 @@ class DaemonState:
 
     max_sessions: int
     report: dict[str, object]
+    tokens: tuple[bytes, ...] = ()  # accepted bearer tokens; empty: no authentication
+    allowed_origins: frozenset[str] = frozenset()  # empty: any Origin
     sessions: int = 0
     draining: bool = False
     pool_ready: bool = False
-    refused: dict[str, int] = field(default_factory=lambda: {"draining": 0, "busy": 0})
+    refused: dict[str, int] = field(default_factory=lambda: {"unauthorized": 0, "origin": 0, "draining": 0, "busy": 0})
 
     @property
     def ready(self) -> bool:
@@ -42,6 +47,16 @@ def _json(status: int, reason: str, body: dict[str, object], extra: list[tuple[s
     return Response(status, reason, headers, data)
 
 
+def _authorized(header: str, tokens: tuple[bytes, ...]) -> bool:
+    """Whether ``header`` carries one of ``tokens``; compares with every token, in constant time."""
+    scheme, _, candidate = header.partition(" ")
+    presented = candidate.strip().encode()
+    matched = False
+    for token in tokens:
+        matched |= hmac.compare_digest(presented, token)
+    return scheme.lower() == "bearer" and matched
+
+
 def route(request: Request, state: DaemonState) -> Response | None:
     """The response to a non-session request or a refused handshake; None to accept a session."""
     path = request.path.split("?", 1)[0]
@@ -51,6 +66,13 @@ def route(request: Request, state: DaemonState) -> Response | None:
         if state.ready:
             return _json(200, "OK", {"status": "ready"})
         return _json(503, "Service Unavailable", {"status": "draining" if state.draining else "starting"}, [("Retry-After", str(RETRY_AFTER_S))])
+    if state.tokens and not _authorized(request.headers.get("Authorization", ""), state.tokens):
+        state.refused["unauthorized"] += 1
+        return _json(401, "Unauthorized", {"error": "unauthorized", "message": "a valid bearer token is required"}, [("WWW-Authenticate", 'Bearer realm="execbox-runner"')])
+    origin = request.headers.get("Origin")
+    if state.allowed_origins and origin is not None and origin not in state.allowed_origins:
+        state.refused["origin"] += 1
+        return _json(403, "Forbidden", {"error": "origin", "message": f"origin {origin!r} is not allowed"})
     refusal = "draining" if state.draining else "busy" if state.sessions >= state.max_sessions else None
     if refusal is None:
         return None

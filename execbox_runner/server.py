@@ -9,10 +9,13 @@ cancel the rest (each still gets its ``done``), close every session.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import platform
+import ssl
 from dataclasses import asdict
 from importlib import metadata
+from pathlib import Path
 
 import trio
 
@@ -46,9 +49,43 @@ def worker_arguments(settings: Settings) -> list[str]:
     return args if settings.sandbox else [*args, "--no-sandbox"]
 
 
+class ConfigurationError(Exception):
+    """Settings the daemon refuses to start with."""
+
+
+def accepted_tokens(settings: Settings) -> tuple[bytes, ...]:
+    tokens = [token.strip() for token in settings.tokens.split(",")]
+    if settings.tokens_file:
+        tokens += [line.strip() for line in Path(settings.tokens_file).read_text().splitlines()]
+    return tuple(token.encode() for token in tokens if token and not token.startswith("#"))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    if not settings.certfile:
+        if settings.keyfile:
+            raise ConfigurationError("--keyfile needs --certfile")
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.certfile, settings.keyfile or None)
+    return context
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.tokens = accepted_tokens(settings)
+        if not self.tokens and not is_loopback(settings.host) and not settings.allow_unauthenticated:
+            raise ConfigurationError(f"refusing to serve {settings.host} without authentication: configure --tokens-file (or --tokens), or pass --allow-unauthenticated true")
+        self.tls = tls_context(settings)
         self.pool = WorkerPool(
             warm=settings.warm_workers,
             max_workers=settings.max_workers,
@@ -70,7 +107,12 @@ class Daemon:
             idle_timeout_s=settings.idle_timeout,
         )
         self.report = host_report(settings)
-        self.state = DaemonState(max_sessions=settings.max_sessions, report=self.report)
+        self.state = DaemonState(
+            max_sessions=settings.max_sessions,
+            report=self.report,
+            tokens=self.tokens,
+            allowed_origins=frozenset(origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()),
+        )
         self.connections: set[Connection] = set()
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -88,7 +130,18 @@ class Daemon:
             task_status.started((host, port))
             await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, tcp: trio.SocketStream) -> None:
+        stream: trio.abc.Stream = tcp
+        if self.tls is not None:
+            stream = trio.SSLStream(tcp, self.tls, server_side=True)
+            with trio.move_on_after(self.settings.handshake_timeout) as scope:
+                try:
+                    await stream.do_handshake()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    scope.cancel()
+            if scope.cancelled_caught:
+                await tcp.aclose()
+                return
         connection = Connection(stream, self.pool, self.limits, self.state)
         self.connections.add(connection)
         try:

@@ -84,7 +84,7 @@ def _listening_url(process: subprocess.Popen[str], stderr: IO[str]) -> str:
         line = lines.get(timeout=STARTUP_TIMEOUT_S)
     except queue.Empty:
         line = ""
-    found = re.search(r"listening on (ws://\S+)", line)
+    found = re.search(r"listening on (wss?://\S+)", line)
     if found is None:
         stderr.seek(0)
         raise RuntimeError(f"the daemon did not report its URL (got {line!r}, exit code {process.poll()}); stderr:\n{stderr.read()[-2000:]}")
@@ -123,5 +123,6 @@ def run_to_done(ws: ClientConnection, exec_id: str, code: str, answer: Any = Non
     raise AssertionError("no done")
 
 
-def client(url: str) -> ClientConnection:
-    return connect(url, open_timeout=10, close_timeout=5, max_size=None)
+def client(url: str, **options: Any) -> ClientConnection:
+    """A host connection; ``options`` go to websockets (e.g. additional_headers, ssl, origin)."""
+    return connect(url, open_timeout=10, close_timeout=5, max_size=None, **options)

@@ -10,7 +10,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from .daemonkit import Daemon, client, cpu_ticks, execute, receive, run_to_done, running_daemon
+from .daemonkit import (
+    Daemon,
+    client,
+    cpu_ticks,
+    execute,
+    receive,
+    run_to_done,
+    running_daemon,
+)
 
 MEMORY = 16 << 20
 CORPUS: dict[str, tuple[str, set[str]]] = {

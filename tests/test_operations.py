@@ -5,11 +5,15 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import threading
+import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import trustme
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
@@ -88,3 +92,59 @@ def test_sigterm_drains_lets_short_work_finish_and_cancels_the_rest() -> None:
         assert d.process.wait(timeout=20) == 0
         for ws in (quick, slow):
             ws.close()
+
+
+# ------------------------------------------------------------------ authentication and TLS
+
+
+def test_sessions_need_a_valid_bearer_token(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# one per line\nfirst-secret\nsecond-secret\n")
+    with running_daemon("--tokens-file", str(tokens), "--allowed-origins", "https://host.example") as d:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic first-secret"}, {"Authorization": "Bearer first-secre"}):
+            with pytest.raises(InvalidStatus) as refused:
+                client(d.url, additional_headers=headers)
+            assert refused.value.response.status_code == 401
+            assert refused.value.response.headers["WWW-Authenticate"].startswith("Bearer")
+        for token in ("first-secret", "second-secret"):
+            with client(d.url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+                assert run_to_done(ws, "authed", "1 + 1")["result"] == 2
+        with pytest.raises(InvalidStatus) as forbidden:
+            client(d.url, additional_headers={"Authorization": "Bearer first-secret"}, origin="https://evil.example")
+        assert forbidden.value.response.status_code == 403
+        with client(d.url, additional_headers={"Authorization": "Bearer first-secret"}, origin="https://host.example") as ws:
+            assert run_to_done(ws, "origin", "3")["result"] == 3
+        assert get(d, "/healthz")[0] == 200  # probes need no token
+
+
+def test_tokens_from_the_environment_work_too() -> None:
+    with running_daemon(env={"EXECBOX_RUNNER_TOKENS": "env-secret"}) as d:
+        with pytest.raises(InvalidStatus):
+            client(d.url)
+        with client(d.url, additional_headers={"Authorization": "Bearer env-secret"}) as ws:
+            assert run_to_done(ws, "env", "4")["result"] == 4
+
+
+def test_wss_with_a_real_certificate(tmp_path: Path) -> None:
+    authority = trustme.CA()
+    certificate = authority.issue_cert("127.0.0.1", "localhost")
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certificate.cert_chain_pems[0].write_to_path(str(certfile))
+    certificate.private_key_pem.write_to_path(str(keyfile))
+    trusted = ssl.create_default_context()
+    authority.configure_trust(trusted)
+    with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as d:
+        assert d.url.startswith("wss://")
+        with client(d.url, ssl=trusted) as ws:
+            assert run_to_done(ws, "tls", "await tools.echo('secure')")["result"] == "secure"
+        with pytest.raises(ssl.SSLError):  # an untrusting client fails the TLS handshake
+            client(d.url, ssl=ssl.create_default_context())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--host", "0.0.0.0"], "without authentication"), (["--keyfile", "/nonexistent"], "--keyfile needs --certfile"), (["--certfile", "/nonexistent"], "No such file")],
+)
+def test_unsafe_or_broken_configurations_refuse_to_start(args: list[str], message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr
