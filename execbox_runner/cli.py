@@ -11,7 +11,7 @@ import sys
 
 import trio
 
-from . import config
+from . import config, logs
 from .server import ConfigurationError, Daemon, host_report
 
 
@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = config.resolve(args)
     if args.command == "info":
         return _info(settings, args.json)
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("websockets").setLevel(logging.WARNING)
+    logs.configure(settings.log_level, settings.log_format == "json")
     try:
         daemon = Daemon(settings)
     except (ConfigurationError, OSError, ssl.SSLError) as exc:

@@ -43,9 +43,11 @@ class Settings:
     cancel_grace: float = 0.010
     timeout_grace: float = 0.050
     log_level: str = "INFO"
+    log_format: str = "json"
+    log_guest_code: bool = False
 
 
-CHOICES: dict[str, tuple[str, ...]] = {"profile": ("standard", "hardened")}
+CHOICES: dict[str, tuple[str, ...]] = {"profile": ("standard", "hardened"), "log_format": ("json", "text")}
 
 HELP: dict[str, str] = {
     "profile": "standard: warm workers reused for up to --max-executions-per-worker executions (fresh QuickJS runtime each); hardened: a fresh confined process for every execution",
@@ -73,7 +75,9 @@ HELP: dict[str, str] = {
     "close_timeout": "seconds to wait for the host's half of the closing handshake",
     "cancel_grace": "seconds a cancelled worker has to hand over its last logs before done goes without them (hosts force-close 25 ms after cancel)",
     "timeout_grace": "seconds a timed-out worker has to hand over its last logs (hosts cancel 100 ms after timeoutMs)",
-    "log_level": "daemon log level (DEBUG, INFO, WARNING, ERROR)",
+    "log_level": "daemon log level (DEBUG, INFO, WARNING, ERROR); INFO logs one line per execution",
+    "log_format": "json: one JSON object per line; text: human-readable",
+    "log_guest_code": "include guest code in execution log lines (never on by default)",
 }
 
 

@@ -21,12 +21,13 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from . import endpoints, ipc
+from . import endpoints, ipc, logs
 from .endpoints import DaemonState
 from .pool import Worker, WorkerLost, WorkerPool
 from .session import (
     Action,
     CloseTransport,
+    ExecutionEnded,
     Phase,
     ReleaseWorker,
     SendToHost,
@@ -53,11 +54,13 @@ class ConnectionLimits:
     max_timeout_ms: int
     max_memory_limit_bytes: int
     idle_timeout_s: float
+    log_guest_code: bool
 
 
 class Connection:
-    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, limits: ConnectionLimits, state: DaemonState) -> None:
+    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, limits: ConnectionLimits, state: DaemonState, peer: str = "") -> None:
         self.stream = stream
+        self.peer = peer
         self.pool = pool
         self.limits = limits
         self.state = state
@@ -96,8 +99,24 @@ class Connection:
             if self._counted:
                 self.state.sessions -= 1
             with trio.CancelScope(shield=True):
-                self._perform_sync(self.session.transport_closed())
+                self._perform_sync(self.session.transport_closed(trio.current_time()))
+                await self._linger()
                 await self.stream.aclose()
+
+    async def _linger(self) -> None:
+        """Close like a lingering TCP close: stop sending, then read and discard what the
+        peer still sends (bounded by close_timeout). Closing a socket that has unread data
+        resets the connection, and the reset can overtake our close frame."""
+        if not self._eof:
+            return
+        with trio.move_on_after(self.limits.close_timeout_s):
+            try:
+                if isinstance(self.stream, trio.SocketStream):
+                    await self.stream.send_eof()
+                while await self.stream.receive_some(RECEIVE_BYTES):
+                    pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
     async def _handshake(self) -> list[Frame] | None:
         """Answer the opening handshake; the frames that came with it, or None if it failed."""
@@ -194,6 +213,8 @@ class Connection:
                 self._release(action.reusable)
             elif isinstance(action, CloseTransport):
                 await self._close(action.code, action.reason)
+            elif isinstance(action, ExecutionEnded):
+                self._observe(action)
         if self.session.execution_id is None:
             if self._idle_since is None and self.session.phase is not Phase.CLOSED:
                 self._idle_since = trio.current_time()
@@ -210,6 +231,13 @@ class Connection:
         for action in actions:
             if isinstance(action, ReleaseWorker):
                 self._release(action.reusable)
+            elif isinstance(action, ExecutionEnded):
+                self._observe(action)
+
+    def _observe(self, record: ExecutionEnded) -> None:
+        if self.state.metrics is not None:
+            self.state.metrics.execution_ended(record)
+        logs.execution_ended(record, self.peer, record.guest_code if self.limits.log_guest_code else None)
 
     async def _send_text(self, data: bytes) -> None:
         try:

@@ -2,7 +2,7 @@
 
 Every request reaches the daemon as a WebSocket handshake request. ``route``
 answers the ones that are not sessions (``GET /healthz``, ``GET /readyz``,
-unauthenticated so that probes work) and refuses handshakes that may not
+``GET /metrics``; unauthenticated so that probes and scrapers work) and refuses handshakes that may not
 become sessions: a missing or wrong bearer token (401, tokens compared in
 constant time), an Origin not allowed (403), or a daemon that cannot take a
 session now (draining, or at its maximum of concurrent sessions: 503 with
@@ -15,10 +15,13 @@ from __future__ import annotations
 import hmac
 import json
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 RETRY_AFTER_S: Final = 1
 
@@ -31,6 +34,7 @@ class DaemonState:
     report: dict[str, object]
     tokens: tuple[bytes, ...] = ()  # accepted bearer tokens; empty: no authentication
     allowed_origins: frozenset[str] = frozenset()  # empty: any Origin
+    metrics: Metrics | None = None
     sessions: int = 0
     draining: bool = False
     pool_ready: bool = False
@@ -62,6 +66,11 @@ def route(request: Request, state: DaemonState) -> Response | None:
     path = request.path.split("?", 1)[0]
     if path == "/healthz":
         return _json(200, "OK", {"status": "alive", "sessions": state.sessions, "draining": state.draining, "protections": state.report.get("protections")})
+    if path == "/metrics" and state.metrics is not None:
+        from .metrics import CONTENT_TYPE
+
+        body = state.metrics.render()
+        return Response(200, "OK", Headers([("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
     if path == "/readyz":
         if state.ready:
             return _json(200, "OK", {"status": "ready"})

@@ -162,6 +162,7 @@ class WorkerPool:
         self.idle: collections.deque[Worker] = collections.deque()
         self.workers: set[Worker] = set()
         self.starting = 0
+        self.exits = 0  # worker processes that exited (and were replaced)
         self._waiters = trio.lowlevel.ParkingLot()
         self._wake_spawner = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -242,6 +243,7 @@ class WorkerPool:
             await worker.exited()
         finally:
             worker.alive = False
+            self.exits += 1
             os.close(worker.pidfd)
             worker.pidfd = -1
             self.workers.discard(worker)

@@ -23,6 +23,7 @@ from . import native, sandbox
 from .config import Settings
 from .connection import Connection, ConnectionLimits
 from .endpoints import DaemonState
+from .metrics import Metrics
 from .pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class Daemon:
             max_timeout_ms=settings.max_timeout_ms,
             max_memory_limit_bytes=settings.max_memory_limit_bytes,
             idle_timeout_s=settings.idle_timeout,
+            log_guest_code=settings.log_guest_code,
         )
         self.report = host_report(settings)
         self.state = DaemonState(
@@ -113,7 +115,20 @@ class Daemon:
             tokens=self.tokens,
             allowed_origins=frozenset(origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()),
         )
+        self.state.metrics = Metrics(self._live_state)
         self.connections: set[Connection] = set()
+
+    def _live_state(self) -> dict[str, object]:
+        pool = self.pool
+        return {
+            "sessions": self.state.sessions,
+            "idle_workers": len(pool.idle),
+            "busy_workers": len(pool.workers) - len(pool.idle),
+            "starting_workers": pool.starting,
+            "worker_exits": pool.exits,
+            "refused": dict(self.state.refused),
+            "draining": self.state.draining,
+        }
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         for warning in self.report["warnings"]:  # type: ignore[attr-defined]
@@ -142,7 +157,12 @@ class Daemon:
             if scope.cancelled_caught:
                 await tcp.aclose()
                 return
-        connection = Connection(stream, self.pool, self.limits, self.state)
+        try:
+            host, port = tcp.socket.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = ""
+        connection = Connection(stream, self.pool, self.limits, self.state, peer)
         self.connections.add(connection)
         try:
             await connection.serve()

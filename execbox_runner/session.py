@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 import msgspec
-from msgspec import UNSET
+from msgspec import UNSET, Raw, UnsetType
 
 from . import ipc
 from .messages import (
@@ -78,7 +78,24 @@ class CloseTransport:
     reason: str
 
 
-Action: TypeAlias = SendToHost | StartRun | SendToWorker | ReleaseWorker | CloseTransport
+@dataclass(frozen=True, slots=True)
+class ExecutionEnded:
+    """An execute came to its end (for metrics and logs; sends nothing).
+
+    ``outcome`` is ``ok``, ``error`` (a ``done`` with ``code``) or ``abandoned``
+    (the host went away before its ``done``).
+    """
+
+    id: str
+    outcome: str
+    code: ErrorCode | None
+    duration_s: float
+    tool_calls: int
+    tool_latencies_s: tuple[float, ...]
+    guest_code: str  # for operators who log it; "" for a refused execute
+
+
+Action: TypeAlias = SendToHost | StartRun | SendToWorker | ReleaseWorker | CloseTransport | ExecutionEnded
 
 
 class Phase(enum.Enum):
@@ -91,12 +108,14 @@ class Phase(enum.Enum):
 @dataclass(slots=True)
 class _Execution:
     id: str
+    code: str
     started_at: float
     deadline: float
     tools: frozenset[tuple[str, str]]
     logs: list[str]
-    pending: dict[str, int]  # callId -> worker call id
+    pending: dict[str, tuple[int, float]]  # callId -> (worker call id, when the tool_call went out)
     issued: set[int]  # every worker call id seen, to refuse repeats
+    latencies: list[float]  # seconds from tool_call to tool_result, per settled call
 
 
 class Session:
@@ -148,38 +167,42 @@ class Session:
             if self._exec is not None and self.phase is Phase.RUNNING and message.id == self._exec.id:
                 return self._abort(now, self.cancel_grace)
             return []  # a cancel for another (or no) execution is ignored
-        return self._tool_result(message)
+        return self._tool_result(message, now)
 
     def receive_binary(self, now: float) -> list[Action]:
         if self.phase is Phase.CLOSED:
             return []
         return self._fail_and_close(now, CLOSE_UNSUPPORTED_DATA, "binary frames are not supported; send JSON text frames")
 
-    def transport_closed(self) -> list[Action]:
+    def transport_closed(self, now: float) -> list[Action]:
         """The host went away: the execution ends without a ``done``."""
-        active = self._exec is not None
+        ex = self._exec
         self._end()
         self.phase = Phase.CLOSED
-        return [ReleaseWorker(reusable=False)] if active else []
+        if ex is None:
+            return []
+        return [ReleaseWorker(reusable=False), _record(ex, now, "abandoned", None)]
 
     def _execute(self, message: Execute, now: float) -> list[Action]:
         if self._exec is not None:
-            return [SendToHost(_failure(message.id, 0, [], "internal_error", ALREADY_ACTIVE_MESSAGE))]
+            return _rejected(message.id, "internal_error", ALREADY_ACTIVE_MESSAGE)
         options = message.options
         if options.timeoutMs > self.max_timeout_ms:
-            return [SendToHost(_failure(message.id, 0, [], "validation_error", f"timeoutMs {options.timeoutMs:g} exceeds this runner's maximum of {self.max_timeout_ms:g}"))]
+            return _rejected(message.id, "validation_error", f"timeoutMs {options.timeoutMs:g} exceeds this runner's maximum of {self.max_timeout_ms:g}")
         if options.memoryLimitBytes > self.max_memory_limit_bytes:
-            return [SendToHost(_failure(message.id, 0, [], "validation_error", f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}"))]
+            return _rejected(message.id, "validation_error", f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}")
         deadline = now + options.timeoutMs / 1000
         providers = [(p.name, [t.safeName for t in p.tools.values()]) for p in message.providers]
         self._exec = _Execution(
             id=message.id,
+            code=message.code,
             started_at=now,
             deadline=deadline,
             tools=frozenset((name, tool) for name, tools in providers for tool in tools),
             logs=[],
             pending={},
             issued=set(),
+            latencies=[],
         )
         self.phase = Phase.RUNNING
         self.deadline = deadline
@@ -194,13 +217,15 @@ class Session:
         )
         return [SendToHost(encode(Started(id=message.id))), StartRun(run)]
 
-    def _tool_result(self, message: ToolResult) -> list[Action]:
+    def _tool_result(self, message: ToolResult, now: float) -> list[Action]:
         ex = self._exec
         if ex is None or self.phase is not Phase.RUNNING:
             return []
-        call_id = ex.pending.pop(message.callId, None)
-        if call_id is None:
+        pending = ex.pending.pop(message.callId, None)
+        if pending is None:
             return []  # unknown or already settled callId: ignored
+        call_id, sent_at = pending
+        ex.latencies.append(now - sent_at)
         if message.ok:
             value = None if message.result is UNSET else bytes(message.result)
             return [SendToWorker(ipc.Settle(call_id=call_id, ok=True, value=value))]
@@ -211,19 +236,16 @@ class Session:
     def _bad_message(self, bad: BadMessage, now: float) -> list[Action]:
         if bad.execute_id is not None:
             if self._exec is not None:
-                return [SendToHost(_failure(bad.execute_id, 0, [], "internal_error", ALREADY_ACTIVE_MESSAGE))]
-            return [SendToHost(_failure(bad.execute_id, 0, [], "validation_error", f"Invalid execute message: {bad.detail}"))]
+                return _rejected(bad.execute_id, "internal_error", ALREADY_ACTIVE_MESSAGE)
+            return _rejected(bad.execute_id, "validation_error", f"Invalid execute message: {bad.detail}")
         code = CLOSE_INVALID_PAYLOAD if bad.kind == "json" else CLOSE_POLICY_VIOLATION
         return self._fail_and_close(now, code, bad.detail)
 
     def _fail_and_close(self, now: float, code: int, reason: str) -> list[Action]:
         """A frame nobody can act on: fail the active execution, then close."""
         actions: list[Action] = []
-        ex = self._exec
-        if ex is not None:
-            actions.append(SendToHost(_failure(ex.id, _elapsed_ms(ex, now), ex.logs, "validation_error", f"Protocol error: {reason}")))
-            actions.append(ReleaseWorker(reusable=False))
-            self._end()
+        if self._exec is not None:
+            actions = self._conclude(now, ReleaseWorker(reusable=False), "validation_error", f"Protocol error: {reason}")
         self.phase = Phase.CLOSED
         actions.append(CloseTransport(code, _close_reason(reason)))
         return actions
@@ -247,7 +269,7 @@ class Session:
                 return self.worker_lost(now, "worker sent an invalid tool input")
             ex.issued.add(call_id)
             call = f"call-{call_id}"
-            ex.pending[call] = call_id
+            ex.pending[call] = (call_id, now)
             actions.append(SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input))))
         return actions
 
@@ -264,15 +286,11 @@ class Session:
                 result = UNSET if message.result is None else checked_json(message.result)
             except msgspec.DecodeError:
                 return self.worker_lost(now, "worker sent an invalid result")
-            done = Done(id=ex.id, ok=True, durationMs=_elapsed_ms(ex, now), logs=ex.logs, result=result)
-            self._end()
-            return [SendToHost(encode(done)), release]
+            return self._conclude(now, release, result=result)
         code = message.code or "internal_error"
         if code == "timeout":
             return self._finish_timeout(now, release)
-        done_bytes = _failure(ex.id, _elapsed_ms(ex, now), ex.logs, code, message.message)
-        self._end()
-        return [SendToHost(done_bytes), release]
+        return self._conclude(now, release, code, message.message)
 
     def worker_lost(self, now: float, detail: str = "worker process exited unexpectedly") -> list[Action]:
         """The worker died or misbehaved: ``internal_error``, or ``timeout`` if already aborting."""
@@ -282,9 +300,7 @@ class Session:
         release = ReleaseWorker(reusable=False)
         if self.phase is Phase.ABORTING:
             return self._finish_timeout(now, release)
-        done_bytes = _failure(ex.id, _elapsed_ms(ex, now), ex.logs, "internal_error", f"Runner failure: {detail}")
-        self._end()
-        return [SendToHost(done_bytes), release]
+        return self._conclude(now, release, "internal_error", f"Runner failure: {detail}")
 
     # ------------------------------------------------------------------ time
 
@@ -306,14 +322,24 @@ class Session:
         return [SendToWorker(ipc.Abort())]
 
     def _finish_timeout(self, now: float, release: ReleaseWorker) -> list[Action]:
+        return self._conclude(now, release, "timeout", TIMEOUT_MESSAGE)
+
+    def _conclude(self, now: float, release: ReleaseWorker, code: ErrorCode | None = None, message: str = "", result: Raw | UnsetType = UNSET) -> list[Action]:
+        """The one way an accepted execution ends: its ``done`` (a result, or ``code``
+        and ``message``), the worker released, the record of it, and, when the daemon
+        is shutting down, the close that follows."""
         ex = self._exec
         assert ex is not None
-        done_bytes = _failure(ex.id, _elapsed_ms(ex, now), ex.logs, "timeout", TIMEOUT_MESSAGE)
+        if code is None:
+            done = Done(id=ex.id, ok=True, durationMs=_elapsed_ms(ex, now), logs=ex.logs, result=result)
+        else:
+            done = Done(id=ex.id, ok=False, durationMs=_elapsed_ms(ex, now), logs=ex.logs, error=ErrorInfo(code=code, message=message))
         self._end()
+        actions: list[Action] = [SendToHost(encode(done)), release, _record(ex, now, "ok" if code is None else "error", code)]
         if self._shutting_down:
             self.phase = Phase.CLOSED
-            return [SendToHost(done_bytes), release, CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE)]
-        return [SendToHost(done_bytes), release]
+            actions.append(CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE))
+        return actions
 
     def shutdown(self, now: float) -> list[Action]:
         """The daemon is stopping: a running execution is cancelled (it still gets its
@@ -339,8 +365,14 @@ def _elapsed_ms(ex: _Execution, now: float) -> int:
     return max(0, round((now - ex.started_at) * 1000))
 
 
-def _failure(exec_id: str, duration_ms: int, logs: list[str], code: ErrorCode, message: str) -> bytes:
-    return encode(Done(id=exec_id, ok=False, durationMs=duration_ms, logs=logs, error=ErrorInfo(code=code, message=message)))
+def _rejected(exec_id: str, code: ErrorCode, message: str) -> list[Action]:
+    """An execute refused before it started: its own ``done``, and its record."""
+    done = Done(id=exec_id, ok=False, durationMs=0, logs=[], error=ErrorInfo(code=code, message=message))
+    return [SendToHost(encode(done)), ExecutionEnded(exec_id, "error", code, 0.0, 0, (), "")]
+
+
+def _record(ex: _Execution, now: float, outcome: str, code: ErrorCode | None) -> ExecutionEnded:
+    return ExecutionEnded(ex.id, outcome, code, now - ex.started_at, len(ex.issued), tuple(ex.latencies), ex.code)
 
 
 def _close_reason(reason: str) -> str:

@@ -27,6 +27,13 @@ TOOLS = [{"name": "tools", "tools": {n: {"safeName": n, "originalName": n} for n
 class Daemon:
     url: str
     process: subprocess.Popen[str]
+    stderr: IO[str]
+
+    def log_lines(self) -> list[str]:
+        """What the daemon has written to stderr so far."""
+        self.stderr.flush()
+        self.stderr.seek(0)
+        return self.stderr.read().splitlines()
 
     def workers(self) -> list[int]:
         """PIDs of the daemon's workers: the children of its zygote (its one child)."""
@@ -67,7 +74,7 @@ def running_daemon(*args: str, env: dict[str, str] | None = None) -> Iterator[Da
             env={**os.environ, **(env or {})},
         )
         try:
-            yield Daemon(url=_listening_url(process, stderr), process=process)
+            yield Daemon(url=_listening_url(process, stderr), process=process, stderr=stderr)
         finally:
             stop(process)
             assert process.stdout is not None

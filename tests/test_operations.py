@@ -148,3 +148,65 @@ def test_wss_with_a_real_certificate(tmp_path: Path) -> None:
 def test_unsafe_or_broken_configurations_refuse_to_start(args: list[str], message: str) -> None:
     result = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
+
+
+# ------------------------------------------------------------------ metrics and logs
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text format (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        if series.split("{", 1)[0] != name:
+            continue
+        present = dict(part.split("=", 1) for part in series[len(name) :].strip("{}").split(",") if "=" in part)
+        if all(present.get(key) == f'"{expected}"' for key, expected in labels.items()):
+            return float(value)
+    return 0.0
+
+
+def test_metrics_count_executions_tool_calls_and_refusals(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret\n")
+    auth = {"Authorization": "Bearer secret"}
+    with running_daemon("--tokens-file", str(tokens)) as d:
+        with client(d.url, additional_headers=auth) as ws:
+            assert run_to_done(ws, "m1", "await tools.echo(1); await tools.echo(2)")["ok"]
+            assert run_to_done(ws, "m2", "throw new Error('x')")["error"]["code"] == "runtime_error"
+            assert run_to_done(ws, "m3", "1")["ok"]
+        with pytest.raises(InvalidStatus):
+            client(d.url)
+        host, port = d.url.removeprefix("ws://").strip("/").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        text = response.read().decode()
+        assert response.status == 200 and response.getheader("Content-Type").startswith("text/plain")
+    assert metric(text, "execbox_executions_total", outcome="ok", code="") == 2
+    assert metric(text, "execbox_executions_total", outcome="error", code="runtime_error") == 1
+    assert metric(text, "execbox_tool_calls_total") == 2
+    assert metric(text, "execbox_tool_call_duration_seconds_count") == 2
+    assert metric(text, "execbox_execution_duration_seconds_count") == 3
+    assert metric(text, "execbox_rejected_handshakes_total", reason="unauthorized") == 1
+    assert metric(text, "execbox_pool_workers", state="idle") >= 1
+    assert "execbox_active_sessions" in text and "execbox_worker_restarts_total" in text
+
+
+def test_one_json_log_line_per_execution_without_guest_code_unless_asked() -> None:
+    for flag, logged in (("false", False), ("true", True)):
+        with running_daemon("--log-guest-code", flag) as d:
+            with client(d.url) as ws:
+                run_to_done(ws, "logged", "await tools.echo('secret input'); 'secret result'")
+                run_to_done(ws, "failing", "null.x")
+            time.sleep(0.2)
+            text = "\n".join(d.log_lines())
+        lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        executions = {line["execution_id"]: line for line in lines if line.get("logger") == "execbox_runner.executions"}
+        assert executions["logged"]["outcome"] == "ok" and executions["logged"]["tool_calls"] == 1
+        assert executions["failing"]["error_code"] == "runtime_error"
+        assert executions["logged"]["peer"].startswith("127.0.0.1:") and executions["logged"]["duration_ms"] > 0
+        assert ("guest_code" in executions["logged"]) is logged
+        if not logged:  # guest code, tool inputs and results are never logged by default
+            assert "secret" not in text

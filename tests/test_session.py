@@ -15,6 +15,7 @@ from execbox_runner.session import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_UNSUPPORTED_DATA,
     CloseTransport,
+    ExecutionEnded,
     ReleaseWorker,
     SendToHost,
     SendToWorker,
@@ -167,7 +168,8 @@ def test_garbage_during_an_execution_fails_it_before_closing() -> None:
 
 def test_transport_close_releases_the_worker_without_a_done() -> None:
     session = started_session()
-    assert session.transport_closed() == [ReleaseWorker(reusable=False)]
+    actions = session.transport_closed(0.5)
+    assert actions[0] == ReleaseWorker(reusable=False) and isinstance(actions[1], ExecutionEnded) and actions[1].outcome == "abandoned"
     assert session.worker_finished(finished_ok(), 0.1) == []
 
 
