@@ -20,10 +20,25 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="serve ws://HOST:PORT/ until SIGINT or SIGTERM")
     config.add_arguments(serve_parser)
+    replay_parser = commands.add_parser("replay", help="play recorded sessions' host side against a runner and report differences")
+    replay_parser.add_argument("files", nargs="+", metavar="FILE", help="recorded transcripts (*.jsonl from --record-dir)")
+    replay_parser.add_argument("--url", required=True, help="the runner to replay against, ws://HOST:PORT/")
+    replay_parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each expected runner message")
     info_parser = commands.add_parser("info", help="report what this host can enforce for these settings")
     info_parser.add_argument("--json", action="store_true", help="machine-readable output")
     config.add_arguments(info_parser)
     return parser
+
+
+def _replay(files: list[str], url: str, timeout: float) -> int:
+    """Replay with the conformance harness: one PASS/FAIL line per file, then the totals."""
+    from conformance.harness import run_transcript, summary
+
+    results = [run_transcript(url, path, timeout=timeout) for path in files]
+    for result in results:
+        print(result.line())
+    print(summary(results))
+    return 0 if all(result.passed for result in results) else 1
 
 
 def _info(settings: config.Settings, as_json: bool) -> int:
@@ -59,6 +74,8 @@ async def _serve_until_signalled(daemon: Daemon) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "replay":
+        return _replay(args.files, args.url, args.timeout)
     settings = config.resolve(args)
     if args.command == "info":
         return _info(settings, args.json)

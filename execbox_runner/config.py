@@ -45,6 +45,7 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "json"
     log_guest_code: bool = False
+    record_dir: str = ""
 
 
 CHOICES: dict[str, tuple[str, ...]] = {"profile": ("standard", "hardened"), "log_format": ("json", "text")}
@@ -77,6 +78,7 @@ HELP: dict[str, str] = {
     "timeout_grace": "seconds a timed-out worker has to hand over its last logs (hosts cancel 100 ms after timeoutMs)",
     "log_level": "daemon log level (DEBUG, INFO, WARNING, ERROR); INFO logs one line per execution",
     "log_format": "json: one JSON object per line; text: human-readable",
+    "record_dir": "write every session's transcript (JSONL, replayable with 'execbox-runner replay') and a summary here",
     "log_guest_code": "include guest code in execution log lines (never on by default)",
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import trio
@@ -24,6 +25,7 @@ from websockets.server import ServerProtocol
 from . import endpoints, ipc, logs
 from .endpoints import DaemonState
 from .pool import Worker, WorkerLost, WorkerPool
+from .records import Recorder
 from .session import (
     Action,
     CloseTransport,
@@ -55,12 +57,15 @@ class ConnectionLimits:
     max_memory_limit_bytes: int
     idle_timeout_s: float
     log_guest_code: bool
+    record_dir: Path | None = None
 
 
 class Connection:
     def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, limits: ConnectionLimits, state: DaemonState, peer: str = "") -> None:
         self.stream = stream
         self.peer = peer
+        self.recorder = Recorder(limits.record_dir, peer) if limits.record_dir is not None else None
+        self._closed_by_us = False
         self.pool = pool
         self.limits = limits
         self.state = state
@@ -102,6 +107,11 @@ class Connection:
                 self._perform_sync(self.session.transport_closed(trio.current_time()))
                 await self._linger()
                 await self.stream.aclose()
+                if self.recorder is not None:
+                    try:
+                        await trio.to_thread.run_sync(self.recorder.write)
+                    except OSError:
+                        log.exception("could not write the session record")
 
     async def _linger(self) -> None:
         """Close like a lingering TCP close: stop sending, then read and discard what the
@@ -186,6 +196,7 @@ class Connection:
         opcode = frame.opcode
         if opcode is Opcode.TEXT:
             if frame.fin:
+                self._record_host(frame.data)
                 await self._perform(self.session.receive_text(frame.data, now))
             else:
                 self._fragments = [frame.data]
@@ -193,9 +204,14 @@ class Connection:
             self._fragments.append(frame.data)
             if frame.fin:
                 data, self._fragments = b"".join(self._fragments), None
+                self._record_host(data)
                 await self._perform(self.session.receive_text(data, now))
         elif opcode is Opcode.BINARY:
+            if self.recorder is not None:
+                self.recorder.host_binary(frame.data)
             await self._perform(self.session.receive_binary(now))
+        elif opcode is Opcode.CLOSE and self.recorder is not None and not self._closed_by_us:
+            self.recorder.steps.append({"host_close": True})
         # PING, PONG and CLOSE are answered by the protocol itself.
 
     # ------------------------------------------------------------------ actions
@@ -235,15 +251,23 @@ class Connection:
                 self._observe(action)
 
     def _observe(self, record: ExecutionEnded) -> None:
+        if self.recorder is not None:
+            self.recorder.execution_ended(record)
         if self.state.metrics is not None:
             self.state.metrics.execution_ended(record)
         logs.execution_ended(record, self.peer, record.guest_code if self.limits.log_guest_code else None)
+
+    def _record_host(self, data: bytes) -> None:
+        if self.recorder is not None:
+            self.recorder.host_text(data)
 
     async def _send_text(self, data: bytes) -> None:
         try:
             self.ws.send_text(data)
         except InvalidState:
             return  # closing: nothing more can be sent
+        if self.recorder is not None:
+            self.recorder.runner(data)
         await self._flush()
 
     async def _close(self, code: int, reason: str) -> None:
@@ -251,6 +275,9 @@ class Connection:
             self.ws.send_close(code, reason)
         except InvalidState:
             return
+        self._closed_by_us = True
+        if self.recorder is not None:
+            self.recorder.runner_close(code)
         await self._flush()
 
     async def _flush(self) -> None:

@@ -80,6 +80,17 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
+def record_directory(settings: Settings) -> Path | None:
+    if not settings.record_dir:
+        return None
+    directory = Path(settings.record_dir)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot use --record-dir {directory}: {exc.strerror}") from None
+    return directory
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -107,6 +118,7 @@ class Daemon:
             max_memory_limit_bytes=settings.max_memory_limit_bytes,
             idle_timeout_s=settings.idle_timeout,
             log_guest_code=settings.log_guest_code,
+            record_dir=record_directory(settings),
         )
         self.report = host_report(settings)
         self.state = DaemonState(

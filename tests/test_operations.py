@@ -210,3 +210,33 @@ def test_one_json_log_line_per_execution_without_guest_code_unless_asked() -> No
         assert ("guest_code" in executions["logged"]) is logged
         if not logged:  # guest code, tool inputs and results are never logged by default
             assert "secret" not in text
+
+
+# ------------------------------------------------------------------ records and replay
+
+
+def test_recorded_sessions_replay_with_no_difference(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    with running_daemon("--record-dir", str(records)) as d:
+        with client(d.url) as ws:
+            assert run_to_done(ws, "rec-tools", "const a = await tools.echo({ n: 1 }); console.log('got', a.n); [a, await tools.echo('two')]")["ok"]
+            assert run_to_done(ws, "rec-error", "await tools.echo(1); null.x")["error"]["code"] == "runtime_error"
+        with client(d.url) as ws:
+            ws.send(execute("rec-cancel", "console.log('busy'); while (true) {}", timeoutMs=60000))
+            receive(ws)
+            time.sleep(0.1)
+            ws.send(json.dumps({"type": "cancel", "id": "rec-cancel"}))
+            assert receive(ws)["error"]["code"] == "timeout"
+        time.sleep(0.5)
+        transcripts = sorted(records.glob("*.jsonl"))
+        assert len(transcripts) == 2
+        summaries = [json.loads(path.with_suffix(".summary.json").read_text()) for path in transcripts]
+        assert [e["id"] for s in summaries for e in s["executions"]] == ["rec-tools", "rec-error", "rec-cancel"]
+        replay = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "replay", *map(str, transcripts), "--url", d.url], capture_output=True, text=True, timeout=120)
+        assert replay.returncode == 0, replay.stdout
+        assert replay.stdout.strip().splitlines()[-1] == "2 passed, 0 failed"
+        # A record that no longer matches what the runner does is reported, with the difference.
+        doctored = tmp_path / "doctored.jsonl"
+        doctored.write_text(transcripts[0].read_text().replace('"got 1"', '"got 2"'))
+        replay = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "replay", str(doctored), "--url", d.url], capture_output=True, text=True, timeout=120)
+        assert replay.returncode == 1 and "got 2" in replay.stdout and "0 passed, 1 failed" in replay.stdout
