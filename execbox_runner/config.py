@@ -1,15 +1,19 @@
-"""Daemon settings: one dataclass, with the CLI flag and environment variable of each.
+"""Daemon settings: one dataclass, with the CLI flag, environment variable and
+TOML key of each.
 
-Every setting is a ``--flag`` of ``execbox-runner serve`` and an
-``EXECBOX_RUNNER_<NAME>`` environment variable; the flag wins over the variable,
-the variable over the default.
+Every setting is a ``--flag`` of ``execbox-runner serve``, an
+``EXECBOX_RUNNER_<NAME>`` environment variable, and a key of the optional TOML
+file given by ``--config`` (or ``EXECBOX_RUNNER_CONFIG``). Precedence: flag,
+then environment variable, then file, then default.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tomllib
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "EXECBOX_RUNNER_"
@@ -93,6 +97,7 @@ def _parse_bool(text: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help=f"TOML file of settings (keys as below, e.g. max_sessions = 64); flags and environment variables win over it (env {ENV_PREFIX}CONFIG)")
     for field in fields(Settings):
         env = ENV_PREFIX + field.name.upper()
         kind = _parse_bool if isinstance(field.default, bool) else type(field.default)
@@ -107,10 +112,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
-    """Settings from flags, then environment variables, then defaults."""
-    environ = os.environ if environ is None else environ
+def _from_file(path: str) -> dict[str, Any]:
+    """The settings of a TOML file, type-checked; unknown keys are refused."""
+    try:
+        table = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SystemExit(f"cannot read config file {path}: {exc}") from None
+    known = {field.name: field for field in fields(Settings)}
     values: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise SystemExit(f"config file {path}: unknown setting {key!r}")
+        kind = type(known[name].default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise SystemExit(f"config file {path}: {key} must be {kind.__name__}, not {type(value).__name__}")
+        if name in CHOICES and value not in CHOICES[name]:
+            raise SystemExit(f"config file {path}: {key} must be one of {', '.join(CHOICES[name])}")
+        values[name] = value
+    return values
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    """Settings from flags, then environment variables, then the TOML file, then defaults."""
+    environ = os.environ if environ is None else environ
+    config_file = getattr(args, "config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    values: dict[str, Any] = _from_file(config_file) if config_file else {}
     for field in fields(Settings):
         flag = getattr(args, field.name, None)
         if flag is not None:
