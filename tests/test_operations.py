@@ -68,8 +68,7 @@ def test_idle_sessions_are_closed(daemon: Daemon) -> None:
 
 
 def test_sigterm_drains_lets_short_work_finish_and_cancels_the_rest() -> None:
-    with running_daemon("--drain-grace", "1.5") as d:
-        quick, slow = client(d.url), client(d.url)
+    with running_daemon("--drain-grace", "1.5") as d, client(d.url) as quick, client(d.url) as slow:
         quick.send(execute("quick", "await tools.hang({})"))
         slow.send(execute("slow", "await tools.hang({})"))
         quick_call = [receive(quick), receive(quick)][1]
@@ -90,8 +89,6 @@ def test_sigterm_drains_lets_short_work_finish_and_cancels_the_rest() -> None:
             slow.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
         assert d.process.wait(timeout=20) == 0
-        for ws in (quick, slow):
-            ws.close()
 
 
 # ------------------------------------------------------------------ authentication and TLS
