@@ -211,7 +211,7 @@ class Connection:
                 self.recorder.host_binary(frame.data)
             await self._perform(self.session.receive_binary(now))
         elif opcode is Opcode.CLOSE and self.recorder is not None and not self._closed_by_us:
-            self.recorder.steps.append({"host_close": True})
+            self.recorder.host_close()
         # PING, PONG and CLOSE are answered by the protocol itself.
 
     # ------------------------------------------------------------------ actions

@@ -135,7 +135,6 @@ class Done(Struct, tag="done", tag_field="type", frozen=True):
 RunnerMessage: TypeAlias = Started | ToolCall | Done
 
 _host_decoder: Final = msgspec.json.Decoder(HostMessage)
-_runner_decoder: Final = msgspec.json.Decoder(RunnerMessage)
 _any_decoder: Final = msgspec.json.Decoder()
 _raw_decoder: Final = msgspec.json.Decoder(Raw)
 _encoder: Final = msgspec.json.Encoder()
@@ -177,11 +176,6 @@ def decode_host(data: bytes | str) -> HostMessage:
     if kind == "schema" and value["type"] == "execute" and isinstance(value.get("id"), str):
         execute_id = value["id"]
     raise BadMessage(kind, detail, execute_id)
-
-
-def decode_runner(data: bytes | str) -> RunnerMessage:
-    """Decode one runner frame (used by the conformance harness and tests)."""
-    return _runner_decoder.decode(data)
 
 
 def encode(message: HostMessage | RunnerMessage) -> bytes:

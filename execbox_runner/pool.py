@@ -36,8 +36,7 @@ class WorkerLost(Exception):
 class Worker:
     """One worker process and its channel."""
 
-    def __init__(self, pid: int, pidfd: int, stream: trio.SocketStream, max_frame: int) -> None:
-        self.pid = pid
+    def __init__(self, pidfd: int, stream: trio.SocketStream, max_frame: int) -> None:
         self.pidfd = pidfd
         self.stream = stream
         self.max_frame = max_frame
@@ -151,8 +150,9 @@ class WorkerPool:
     """Hands out idle workers and keeps enough of them warm."""
 
     def __init__(self, *, warm: int, max_workers: int, max_executions: int, max_frame: int, worker_args: list[str]) -> None:
-        # Starting an interpreter costs ~100 ms of CPU: under a burst, starting one per
-        # waiting execution at once would starve the executions of the CPU they wait for.
+        # A worker start (fork, confinement, first runtime) costs milliseconds of CPU: under
+        # a burst, starting one per waiting execution at once would starve the executions
+        # of the CPU they wait for.
         self.max_starting = max(1, os.cpu_count() or 1)
         self.warm = warm
         self.max_workers = max(max_workers, warm, 1)
@@ -221,7 +221,7 @@ class WorkerPool:
         except ProcessLookupError:
             channel.close()
             raise WorkerLost("worker exited at once") from None
-        worker = Worker(pid, pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
+        worker = Worker(pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
         try:
             with trio.fail_after(READY_TIMEOUT_S):
                 if not isinstance(await worker.receive(), ipc.Ready):

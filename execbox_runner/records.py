@@ -69,6 +69,9 @@ class Recorder:
         self.steps.append({"runner": message})
         self._last = time.monotonic()
 
+    def host_close(self) -> None:
+        self.steps.append({"host_close": True})
+
     def runner_close(self, code: int) -> None:
         self.steps.append({"runner_close": {"code": code}})
 

@@ -35,7 +35,7 @@ import socket
 import struct
 import subprocess
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Final
 
 NOBODY: Final = 65534
@@ -85,9 +85,6 @@ class Capabilities:
     drop_privileges: bool
     running_as_root: bool
     rlimits: bool
-
-    def as_dict(self) -> dict[str, bool]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -247,7 +244,7 @@ def isolate() -> list[str]:
     return missing
 
 
-def confine(channel: int, limits: Limits, *, seccomp: bool = True) -> list[str]:
+def confine(channel: int, limits: Limits) -> list[str]:
     """Confine this process (see the module docstring). Returns what could not be applied."""
     missing = list(_isolated) if _isolated is not None else isolate()
     close_inherited_fds(channel)
@@ -259,11 +256,10 @@ def confine(channel: int, limits: Limits, *, seccomp: bool = True) -> list[str]:
     set_cpu_backstop(limits.cpu_seconds)
     if os.geteuid() != 0:
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    if seccomp:
-        if seccomp_supported():
-            _install_filter(_filter(ALLOWED_SYSCALLS.values()))
-        else:
-            missing.append("seccomp")
+    if seccomp_supported():
+        _install_filter(_filter(ALLOWED_SYSCALLS.values()))
+    else:
+        missing.append("seccomp")
     return missing
 
 
