@@ -101,7 +101,8 @@ def _libc() -> ctypes.CDLL:
 
 
 def _filter(allowed: Iterable[int]) -> bytes:
-    """The seccomp BPF program: allow ``allowed`` (and prlimit64 on RLIMIT_CPU of self), EPERM the rest."""
+    """The seccomp BPF program: allow ``allowed`` (and prlimit64 on this process to read
+    any limit or set RLIMIT_CPU), EPERM the rest."""
     allowed = sorted(set(allowed))
 
     def stmt(code: int, k: int) -> bytes:
@@ -141,7 +142,9 @@ def _filter(allowed: Iterable[int]) -> bytes:
     return b"".join(program)
 
 
-def _install_filter(program: bytes) -> None:
+def _install_allowlist() -> None:
+    """``no_new_privs`` and the worker's seccomp filter, for this process and all its threads."""
+    program = _filter(ALLOWED_SYSCALLS.values())
     libc = _libc()
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
@@ -166,21 +169,15 @@ def capabilities() -> Capabilities:
     root = os.geteuid() == 0
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child tries each step for real and reports a bit mask
+    if pid == 0:  # the child tries each step for real, as a worker would, and reports a bit mask
         os.close(read_end)
-        bits = 0
+        missing = isolate()
+        bits = (0 if "network_namespace" in missing else 1) | (2 if root and "drop_privileges" not in missing else 0)
         try:
-            if _libc().unshare(CLONE_NEWNET) == 0:
-                bits |= 1
-            if root:
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                bits |= 2
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             bits |= 4
             if seccomp_supported():
-                _install_filter(_filter(ALLOWED_SYSCALLS.values()))
+                _install_allowlist()
                 bits |= 8
         except OSError:
             pass
@@ -257,7 +254,7 @@ def confine(channel: int, limits: Limits) -> list[str]:
     if os.geteuid() != 0:
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
     if seccomp_supported():
-        _install_filter(_filter(ALLOWED_SYSCALLS.values()))
+        _install_allowlist()
     else:
         missing.append("seccomp")
     return missing
