@@ -11,7 +11,6 @@ reading cannot hold anything else up.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -23,6 +22,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from . import endpoints, ipc, logs
+from .config import Settings
 from .endpoints import DaemonState
 from .pool import Worker, WorkerLost, WorkerPool
 from .records import Recorder
@@ -44,35 +44,25 @@ RECEIVE_BYTES: Final = 65536
 CLOSE_NORMAL: Final = 1000
 
 
-@dataclass(frozen=True)
-class ConnectionLimits:
-    max_message_bytes: int
-    send_timeout_s: float
-    handshake_timeout_s: float
-    close_timeout_s: float
-    cancel_grace_s: float
-    timeout_grace_s: float
-    max_output_bytes: int
-    max_timeout_ms: int
-    max_memory_limit_bytes: int
-    idle_timeout_s: float
-    log_guest_code: bool
-    record_dir: Path | None = None
-
-
 class Connection:
-    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, limits: ConnectionLimits, state: DaemonState, peer: str = "") -> None:
+    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, settings: Settings, state: DaemonState, peer: str = "", record_dir: Path | None = None) -> None:
         self.stream = stream
         self.peer = peer
-        self.recorder = Recorder(limits.record_dir, peer) if limits.record_dir is not None else None
+        self.recorder = Recorder(record_dir, peer) if record_dir is not None else None
         self._closed_by_us = False
         self.pool = pool
-        self.limits = limits
+        self.settings = settings
         self.state = state
         self._counted = False  # this connection holds one of the daemon's session places
         self._idle_since: float | None = None  # when the session last had no execution
-        self.ws = ServerProtocol(max_size=limits.max_message_bytes)
-        self.session = Session(cancel_grace=limits.cancel_grace_s, timeout_grace=limits.timeout_grace_s, max_output_bytes=limits.max_output_bytes, max_timeout_ms=limits.max_timeout_ms, max_memory_limit_bytes=limits.max_memory_limit_bytes)
+        self.ws = ServerProtocol(max_size=settings.max_message_bytes)
+        self.session = Session(
+            cancel_grace=settings.cancel_grace,
+            timeout_grace=settings.timeout_grace,
+            max_output_bytes=settings.max_output_bytes,
+            max_timeout_ms=settings.max_timeout_ms,
+            max_memory_limit_bytes=settings.max_memory_limit_bytes,
+        )
         self.worker: Worker | None = None
         self._send_lock = trio.Lock()
         self._eof = False
@@ -88,7 +78,7 @@ class Connection:
     async def serve(self) -> None:
         try:
             early: list[Frame] | None = None
-            with trio.move_on_after(self.limits.handshake_timeout_s):
+            with trio.move_on_after(self.settings.handshake_timeout):
                 early = await self._handshake()
             if early is None or self.ws.state is not State.OPEN:
                 return
@@ -119,7 +109,7 @@ class Connection:
         resets the connection, and the reset can overtake our close frame."""
         if not self._eof:
             return
-        with trio.move_on_after(self.limits.close_timeout_s):
+        with trio.move_on_after(self.settings.close_timeout):
             try:
                 if isinstance(self.stream, trio.SocketStream):
                     await self.stream.send_eof()
@@ -172,10 +162,10 @@ class Connection:
                 now = trio.current_time()
                 if now >= self._close_deadline:
                     return
-                if self._idle_since is not None and now >= self._idle_since + self.limits.idle_timeout_s:
+                if self._idle_since is not None and now >= self._idle_since + self.settings.idle_timeout:
                     self._idle_since = None
-                    await self._close(CLOSE_NORMAL, f"no execute within {self.limits.idle_timeout_s:g} s")
-                    self._close_deadline = now + self.limits.close_timeout_s
+                    await self._close(CLOSE_NORMAL, f"no execute within {self.settings.idle_timeout:g} s")
+                    self._close_deadline = now + self.settings.close_timeout
                     continue
                 await self._perform(self.session.timer(now))
                 continue
@@ -189,7 +179,7 @@ class Connection:
             if not data or self.ws.state is State.CLOSED:
                 return
             if self.ws.close_expected() and self._close_deadline == float("inf"):
-                self._close_deadline = trio.current_time() + self.limits.close_timeout_s
+                self._close_deadline = trio.current_time() + self.settings.close_timeout
 
     async def _frame(self, frame: Frame) -> None:
         now = trio.current_time()
@@ -255,7 +245,7 @@ class Connection:
             self.recorder.execution_ended(record)
         if self.state.metrics is not None:
             self.state.metrics.execution_ended(record)
-        logs.execution_ended(record, self.peer, record.guest_code if self.limits.log_guest_code else None)
+        logs.execution_ended(record, self.peer, record.guest_code if self.settings.log_guest_code else None)
 
     def _record_host(self, data: bytes) -> None:
         if self.recorder is not None:
@@ -291,7 +281,7 @@ class Connection:
         if not data:
             return
         async with self._send_lock:
-            with trio.move_on_after(self.limits.send_timeout_s) as scope:
+            with trio.move_on_after(self.settings.send_timeout) as scope:
                 await self.stream.send_all(data)
         if scope.cancelled_caught:
             log.warning("dropping a peer that stopped reading")
@@ -333,7 +323,7 @@ class Connection:
             await self._perform(self.session.worker_lost(trio.current_time(), "no worker"))
             return
         try:
-            with trio.move_on_after(self.limits.send_timeout_s):
+            with trio.move_on_after(self.settings.send_timeout):
                 await worker.send(message)
         except WorkerLost:
             pass  # its reader sees the loss and reports it
@@ -356,7 +346,7 @@ class Connection:
         if deadline is not None:
             return deadline
         if self._idle_since is not None:
-            return self._idle_since + self.limits.idle_timeout_s
+            return self._idle_since + self.settings.idle_timeout
         return float("inf")
 
     def _rearm_timer(self) -> None:

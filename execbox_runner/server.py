@@ -21,7 +21,7 @@ import trio
 
 from . import native, sandbox
 from .config import Settings
-from .connection import Connection, ConnectionLimits
+from .connection import Connection
 from .endpoints import DaemonState
 from .metrics import Metrics
 from .pool import WorkerPool
@@ -106,20 +106,7 @@ class Daemon:
             max_frame=2 * settings.max_output_bytes + (1 << 20),
             worker_args=worker_arguments(settings),
         )
-        self.limits = ConnectionLimits(
-            max_message_bytes=settings.max_message_bytes,
-            send_timeout_s=settings.send_timeout,
-            handshake_timeout_s=settings.handshake_timeout,
-            close_timeout_s=settings.close_timeout,
-            cancel_grace_s=settings.cancel_grace,
-            timeout_grace_s=settings.timeout_grace,
-            max_output_bytes=settings.max_output_bytes,
-            max_timeout_ms=settings.max_timeout_ms,
-            max_memory_limit_bytes=settings.max_memory_limit_bytes,
-            idle_timeout_s=settings.idle_timeout,
-            log_guest_code=settings.log_guest_code,
-            record_dir=record_directory(settings),
-        )
+        self.record_dir = record_directory(settings)
         self.report = host_report(settings)
         self.state = DaemonState(
             max_sessions=settings.max_sessions,
@@ -174,7 +161,7 @@ class Daemon:
             peer = f"{host}:{port}"
         except OSError:
             peer = ""
-        connection = Connection(stream, self.pool, self.limits, self.state, peer)
+        connection = Connection(stream, self.pool, self.settings, self.state, peer, self.record_dir)
         self.connections.add(connection)
         try:
             await connection.serve()
