@@ -44,20 +44,21 @@ CPU_SLACK_S: Final = 5.0
 
 
 class Worker:
-    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None, *, probe: bool = False, runtime: Runtime | None = None) -> None:
+    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None, *, probe: bool = False) -> None:
         self.sock = sock
         self.probe = probe  # test hook: report what the confined worker can do, then exit
-        self.first_runtime = runtime  # prepared by the zygote before forking
         self.limits = limits  # None: not confined (tests of the worker loop itself)
         self.inbox: queue.SimpleQueue[ipc.ToWorker | None] = queue.SimpleQueue()
         self.guest: GuestRun | None = None
 
-    def serve(self) -> None:
-        """Run executions until the channel closes or an execution asks for recycling."""
+    def serve(self, runtime: Runtime | None = None) -> None:
+        """Run executions until the channel closes or an execution asks for recycling.
+
+        ``runtime`` is the first execution's, when the zygote prepared it before forking.
+        """
         normalize("0")  # load the parser before the first request
         # (fresh_runtime also compiles the bootstrap, while files can still be read.)
-        runtime: Runtime = self.first_runtime or fresh_runtime()
-        self.first_runtime = None
+        runtime = runtime or fresh_runtime()
         threading.Thread(target=self._read, name="channel-reader", daemon=True).start()
         missing = sandbox.confine(self.sock.fileno(), self.limits) if self.limits is not None else ["all"]
         if self.probe:
@@ -140,7 +141,7 @@ def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> in
         if not args.no_sandbox:
             limits = sandbox.Limits(address_space_bytes=address_space(args.max_memory, args.max_output), cpu_seconds=int(args.max_timeout + CPU_SLACK_S))
         try:
-            Worker(sock, limits, probe=args.probe, runtime=runtime).serve()
+            Worker(sock, limits, probe=args.probe).serve(runtime)
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
     return 0
