@@ -210,16 +210,14 @@ class GuestRun:
         self._stop_interrupts()
         if self.finished is not None:
             return self.finished
-        logs: list[str] = []
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)
             self.api("abort")
             while self.context.execute_pending_job():
                 pass
-            _, logs, _ = _poll_decoder.decode(self.api("poll"))
         except quickjs.JSException:
-            pass  # the unwinding guest ran out of its budget: logs so far are lost
-        return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
+            pass  # the unwinding guest ran out of its budget; what it logged is still collected
+        return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, self._salvage_logs())
 
     # ------------------------------------------------------------------ outcomes
 

@@ -254,3 +254,11 @@ def test_the_bootstrap_source_fallback_behaves_like_the_compiled_bootstrap(monke
     monkeypatch.setattr(native, "SUPPORTED", False)
     assert run(code) == compiled
     assert value(compiled) == ["undefined", {"a": [1]}]
+
+
+def test_abort_keeps_logs_even_when_the_unwinding_guest_spins() -> None:
+    code = "try { await tools.echo(1) } finally { console.log('unwinding'); while (true) {} }"
+    guest = GuestRun(ipc.Run(code=code, budget_s=5, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[("tools", ["echo"])], max_output_bytes=1 << 20))
+    assert isinstance(guest.start(), ipc.ToolCalls)
+    finished = guest.abort()
+    assert (finished.code, finished.logs) == ("timeout", ["unwinding"])
