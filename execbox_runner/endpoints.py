@@ -15,13 +15,12 @@ from __future__ import annotations
 import hmac
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-if TYPE_CHECKING:
-    from .metrics import Metrics
+from .metrics import CONTENT_TYPE, Metrics
 
 RETRY_AFTER_S: Final = 1
 
@@ -67,8 +66,6 @@ def route(request: Request, state: DaemonState) -> Response | None:
     if path == "/healthz":
         return _json(200, "OK", {"status": "alive", "sessions": state.sessions, "draining": state.draining, "protections": state.report.get("protections")})
     if path == "/metrics" and state.metrics is not None:
-        from .metrics import CONTENT_TYPE
-
         body = state.metrics.render()
         return Response(200, "OK", Headers([("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
     if path == "/readyz":
