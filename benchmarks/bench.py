@@ -1015,7 +1015,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             url = args.url
         else:
-            daemon_argv = [sys.executable, "-m", "execbox_runner.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
+            daemon_argv = [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
             if args.warm_workers is not None:
                 daemon_argv += ["--warm-workers", str(args.warm_workers)]
             daemon_argv += args.daemon_arg

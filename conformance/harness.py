@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
@@ -50,8 +51,8 @@ __all__ = [
     "transcript_paths",
 ]
 
-#: The repository's golden transcripts: ``transcripts/`` beside the ``conformance`` package.
-DEFAULT_TRANSCRIPTS: Final = Path(__file__).resolve().parent.parent / "transcripts"
+#: The golden transcripts, shipped inside this package as data.
+DEFAULT_TRANSCRIPTS: Final = Path(str(resources.files(__package__ or __name__.rpartition(".")[0]) / "transcripts"))
 #: Seconds the runner gets for each expected frame or close.
 DEFAULT_TIMEOUT: Final = 5.0
 # Bounds for the parts of a transcript that are not an expected message.

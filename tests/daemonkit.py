@@ -66,7 +66,7 @@ def running_daemon(*args: str, env: dict[str, str] | None = None) -> Iterator[Da
     """
     with tempfile.TemporaryFile(mode="w+") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "execbox_runner.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
+            [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=stderr,

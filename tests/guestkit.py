@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from execbox_runner import ipc
-from execbox_runner.guest import GuestRun
+from execbox_runner.protocol import ipc
+from execbox_runner.worker.guest import GuestRun
 
 Host = Callable[[str, str, Any], Any]
 UNDEFINED = object()

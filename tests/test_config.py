@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from execbox_runner import cli, config
+from execbox_runner.daemon import cli, config
 
 from .daemonkit import client, run_to_done, running_daemon
 

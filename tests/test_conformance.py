@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conformance.harness import (
+from execbox_runner_conformance.harness import (
     DEFAULT_TRANSCRIPTS,
     Mismatch,
     load_transcript,

@@ -183,7 +183,7 @@ def test_settings_come_from_environment_variables() -> None:
 
 
 def test_help_documents_every_flag() -> None:
-    out = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run([sys.executable, "-m", "execbox_runner", "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
     for flag in ("--host", "--port", "--warm-workers", "--max-workers", "--max-message-bytes", "--send-timeout", "--cancel-grace", "EXECBOX_RUNNER_PORT"):
         assert flag in out
 
@@ -193,7 +193,7 @@ def test_a_taken_port_is_a_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "Address already in use" in result.stderr
 
 

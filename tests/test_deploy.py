@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from execbox_runner.config import Settings
+from execbox_runner.daemon.config import Settings
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

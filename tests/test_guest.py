@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from execbox_runner import ipc, native
-from execbox_runner.guest import GuestRun
+from execbox_runner.protocol import ipc
+from execbox_runner.worker import native
+from execbox_runner.worker.guest import GuestRun
 
 from .guestkit import UNDEFINED, HostError, error, run, value
 

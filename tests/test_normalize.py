@@ -2,7 +2,7 @@
 
 import pytest
 
-from execbox_runner.normalize import normalize, strip_fence
+from execbox_runner.worker.normalize import normalize, strip_fence
 
 from .guestkit import UNDEFINED, error, run, value
 

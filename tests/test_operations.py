@@ -143,7 +143,7 @@ def test_wss_with_a_real_certificate(tmp_path: Path) -> None:
     [(["--host", "0.0.0.0"], "without authentication"), (["--keyfile", "/nonexistent"], "--keyfile needs --certfile"), (["--certfile", "/nonexistent"], "No such file")],
 )
 def test_unsafe_or_broken_configurations_refuse_to_start(args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "execbox_runner", "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
 
 
@@ -229,11 +229,11 @@ def test_recorded_sessions_replay_with_no_difference(tmp_path: Path) -> None:
         assert len(transcripts) == 2
         summaries = [json.loads(path.with_suffix(".summary.json").read_text()) for path in transcripts]
         assert [e["id"] for s in summaries for e in s["executions"]] == ["rec-tools", "rec-error", "rec-cancel"]
-        replay = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "replay", *map(str, transcripts), "--url", d.url], capture_output=True, text=True, timeout=120)
+        replay = subprocess.run([sys.executable, "-m", "execbox_runner", "replay", *map(str, transcripts), "--url", d.url], capture_output=True, text=True, timeout=120)
         assert replay.returncode == 0, replay.stdout
         assert replay.stdout.strip().splitlines()[-1] == "2 passed, 0 failed"
         # A record that no longer matches what the runner does is reported, with the difference.
         doctored = tmp_path / "doctored.jsonl"
         doctored.write_text(transcripts[0].read_text().replace('"got 1"', '"got 2"'))
-        replay = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "replay", str(doctored), "--url", d.url], capture_output=True, text=True, timeout=120)
+        replay = subprocess.run([sys.executable, "-m", "execbox_runner", "replay", str(doctored), "--url", d.url], capture_output=True, text=True, timeout=120)
         assert replay.returncode == 1 and "got 2" in replay.stdout and "0 passed, 1 failed" in replay.stdout

@@ -11,22 +11,24 @@ from collections.abc import Iterator
 
 import pytest
 
-from execbox_runner import ipc, sandbox
+from execbox_runner.protocol import ipc
+from execbox_runner.worker import sandbox
+from execbox_runner.worker.loop import recv_exactly
 
 CAPABILITIES = sandbox.capabilities()
 
 
 def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     parent, child = socket.socketpair()
-    process = subprocess.Popen([sys.executable, "-m", "execbox_runner.worker", str(child.fileno()), *args], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-m", "execbox_runner.worker.loop", str(child.fileno()), *args], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
     child.close()
     parent.settimeout(60)
     return process, parent
 
 
 def receive(sock: socket.socket) -> ipc.FromWorker:
-    (length,) = ipc.HEADER.unpack(ipc.recv_exactly(sock, ipc.HEADER.size))
-    return ipc.from_worker_decoder.decode(ipc.recv_exactly(sock, length))
+    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+    return ipc.from_worker_decoder.decode(recv_exactly(sock, length))
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +101,14 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
 
 
 def test_info_reports_what_this_host_enforces() -> None:
-    out = subprocess.run([sys.executable, "-m", "execbox_runner.cli", "info", "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "execbox_runner", "info", "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
     report = json.loads(out)
     protections = report["protections"]
     assert protections["seccomp"] == {"requested": True, "enforced": CAPABILITIES.seccomp}
     assert protections["network_namespace"]["enforced"] == CAPABILITIES.network_namespace
     assert report["limits"]["max_memory_limit_bytes"] == 512 << 20
     assert report["warnings"] == sandbox.warnings(protections)
-    off = json.loads(subprocess.run([sys.executable, "-m", "execbox_runner.cli", "info", "--json", "--sandbox", "false"], capture_output=True, text=True, timeout=60, check=True).stdout)
+    off = json.loads(subprocess.run([sys.executable, "-m", "execbox_runner", "info", "--json", "--sandbox", "false"], capture_output=True, text=True, timeout=60, check=True).stdout)
     assert not any(state["requested"] for state in off["protections"].values()) and off["warnings"] == []
 
 

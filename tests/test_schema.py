@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from execbox_runner import schema
+from execbox_runner.protocol import schema
 
 SCHEMA_FILE = Path(__file__).parent.parent / "protocol" / "execbox-runner.schema.json"
 SPEC_SUCCESS = [
@@ -26,7 +26,7 @@ SPEC_SUCCESS = [
 
 
 def test_schema_file_is_generated_from_the_types() -> None:
-    assert SCHEMA_FILE.read_text() == schema.render(), "regenerate: python -m execbox_runner.schema > protocol/execbox-runner.schema.json"
+    assert SCHEMA_FILE.read_text() == schema.render(), "regenerate: python -m execbox_runner.protocol.schema > protocol/execbox-runner.schema.json"
 
 
 @pytest.mark.parametrize("message", SPEC_SUCCESS, ids=lambda m: m["type"])

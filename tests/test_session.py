@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from execbox_runner import ipc
-from execbox_runner.session import (
+from execbox_runner.protocol import ipc
+from execbox_runner.protocol.session import (
     CLOSE_INVALID_PAYLOAD,
     CLOSE_POLICY_VIOLATION,
     CLOSE_UNSUPPORTED_DATA,

@@ -14,7 +14,7 @@ while guest code is running, it interrupts that code at once (see
 Before saying ``Ready`` the worker confines itself (``sandbox.py``): from then
 on the kernel refuses it files, sockets, processes and the network.
 
-Usage (by the pool only): ``python -m execbox_runner.worker FD [--no-sandbox]
+Usage (by the zygote, which calls ``run``; standalone only in tests): ``python -m execbox_runner.worker.loop FD [--no-sandbox]
 [--max-memory BYTES] [--max-timeout SECONDS] [--max-output BYTES]``
 """
 
@@ -29,7 +29,8 @@ import sys
 import threading
 from typing import Final
 
-from . import ipc, sandbox
+from ..protocol import ipc
+from . import sandbox
 from .guest import GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
 
@@ -101,7 +102,7 @@ class Worker:
     def _read(self) -> None:
         try:
             while True:
-                message = ipc.recv_to_worker(self.sock)
+                message = recv_to_worker(self.sock)
                 self.inbox.put(message)
                 guest = self.guest
                 if isinstance(message, ipc.Abort) and guest is not None:
@@ -110,6 +111,24 @@ class Worker:
                             break
         except (EOFError, OSError):
             self.inbox.put(None)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """Blocking read of exactly ``n`` bytes (worker side); EOFError on a closed channel."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("channel closed")
+        got += k
+    return bytes(buf)
+
+
+def recv_to_worker(sock: socket.socket) -> ToWorker:
+    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+    return ipc.to_worker_decoder.decode(recv_exactly(sock, length))
 
 
 def address_space(max_memory: int, max_output: int) -> int:
@@ -121,7 +140,7 @@ def address_space(max_memory: int, max_output: int) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="execbox_runner.worker")
+    parser = argparse.ArgumentParser(prog="execbox_runner.worker.loop")
     parser.add_argument("fd", type=int)
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--max-memory", type=int, default=512 << 20)

@@ -263,7 +263,7 @@ def confine(channel: int, limits: Limits) -> list[str]:
 def probe() -> dict[str, str]:
     """What a confined process can still do: each attempt's outcome (a test hook).
 
-    Run by ``python -m execbox_runner.worker FD --probe`` after confinement, the
+    Run by ``python -m execbox_runner.worker.loop FD --probe`` after confinement, the
     way guest code would get there through an engine exploit.
     """
     def attempt(action: Callable[[], object]) -> str:

@@ -21,12 +21,13 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from . import endpoints, ipc, logs
+from ..protocol import ipc
+from . import endpoints, logs
 from .config import Settings
 from .endpoints import DaemonState
 from .pool import Worker, WorkerLost, WorkerPool
 from .records import Recorder
-from .session import (
+from ..protocol.session import (
     Action,
     CloseTransport,
     ExecutionEnded,

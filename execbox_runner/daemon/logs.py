@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Final
 
-from .session import ExecutionEnded
+from ..protocol.session import ExecutionEnded
 
 EXECUTIONS: Final = logging.getLogger("execbox_runner.executions")
 _STANDARD_FIELDS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}

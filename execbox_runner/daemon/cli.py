@@ -11,12 +11,14 @@ import sys
 
 import trio
 
+from .. import __version__
 from . import config, logs
 from .server import ConfigurationError, Daemon, host_report
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="execbox-runner", description="An execbox runner daemon: runs guest JavaScript for remote hosts over WebSocket.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="serve ws://HOST:PORT/ until SIGINT or SIGTERM")
     config.add_arguments(serve_parser)
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _replay(files: list[str], url: str, timeout: float) -> int:
     """Replay with the conformance harness: one PASS/FAIL line per file, then the totals."""
-    from conformance.harness import run_transcript, summary
+    from execbox_runner_conformance.harness import run_transcript, summary
 
     results = [run_transcript(url, path, timeout=timeout) for path in files]
     for result in results:
@@ -97,7 +99,3 @@ def main(argv: list[str] | None = None) -> int:
     except* KeyboardInterrupt:
         pass  # a second signal while stopping: we are stopping anyway
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

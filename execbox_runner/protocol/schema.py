@@ -1,7 +1,7 @@
 """The JSON Schema of the wire, generated from the msgspec types in ``messages``.
 
 ``protocol/execbox-runner.schema.json`` is this module's output; a test keeps
-the two in sync. Regenerate with ``python -m execbox_runner.schema > protocol/execbox-runner.schema.json``.
+the two in sync. Regenerate with ``python -m execbox_runner.protocol.schema > protocol/execbox-runner.schema.json``.
 Rules that JSON Schema cannot express (unique provider names, ``error``
 required when ``ok`` is false) are stated in the descriptions.
 """

@@ -14,12 +14,12 @@ import logging
 import platform
 import ssl
 from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
 
 import trio
 
-from . import native, sandbox
+from .. import __version__
+from ..worker import native, sandbox
 from .config import Settings
 from .connection import Connection
 from .endpoints import DaemonState
@@ -34,7 +34,7 @@ def host_report(settings: Settings) -> dict[str, object]:
     """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
     protections = sandbox.enforcement(settings.sandbox)
     return {
-        "version": metadata.version("execbox-runner"),
+        "version": __version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "profile": settings.profile,

@@ -6,7 +6,7 @@ grows on demand up to ``max_workers``. An execution holds its worker until it
 ends; a worker that crashed, was killed, timed out, ran out of memory or
 reached ``max_executions`` (1 in the hardened profile) is discarded and
 replaced, never handed out again. Workers are followed through pidfds: they
-are the zygote's children, and a pidfd cannot signal a recycled PID.
+are the zygote's children, and a pidfd cannot signal a recycled ipc.FORKED.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from typing import Final
 
 import trio
 
-from . import ipc
-from .zygote import PID
+from ..protocol import ipc
 
 READY_TIMEOUT_S: Final = 30.0
 
@@ -102,7 +101,7 @@ class ZygoteClient:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "execbox_runner.zygote", str(child.fileno()), *self.worker_args],
+                [sys.executable, "-m", "execbox_runner.worker.zygote", str(child.fileno()), *self.worker_args],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
                 # One malloc arena: fewer address-space reservations under the workers' RLIMIT_AS.
@@ -122,8 +121,8 @@ class ZygoteClient:
             try:
                 await self._control.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
                 answer = b""
-                while len(answer) < PID.size:
-                    chunk = await self._control.recv(PID.size - len(answer))
+                while len(answer) < ipc.FORKED.size:
+                    chunk = await self._control.recv(ipc.FORKED.size - len(answer))
                     if not chunk:
                         self._control = None
                         raise OSError("the zygote exited")
@@ -133,7 +132,7 @@ class ZygoteClient:
                 raise
             finally:
                 theirs.close()
-            return PID.unpack(answer)[0], ours
+            return ipc.FORKED.unpack(answer)[0], ours
 
     async def aclose(self) -> None:
         if self._control is not None:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from .session import ExecutionEnded
+from ..protocol.session import ExecutionEnded
 
 PAUSE_MS: Final = 10
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")

@@ -4,7 +4,7 @@ Starting a Python interpreter and importing QuickJS, the parser and the rest
 costs ~100 ms of CPU; forking a process that already has all of that (and the
 compiled bootstrap) costs about a millisecond. The zygote never runs guest
 code: it only forks. Each child closes the zygote's control channel and
-becomes a worker (``worker.Worker``), confining itself before it says Ready.
+becomes a worker (``loop.Worker``), confining itself before it says Ready.
 
 Protocol on the control socket (a Unix socketpair with the daemon): the daemon
 sends one byte carrying the new worker's channel as an SCM_RIGHTS descriptor;
@@ -16,7 +16,7 @@ against PID reuse.
 It imports only what workers need (no trio, no websockets): the smaller the
 process, the cheaper each fork. The daemon's side is ``pool.ZygoteClient``.
 
-Usage (by the pool only): ``python -m execbox_runner.zygote FD [worker options]``
+Usage (by the pool only): ``python -m execbox_runner.worker.zygote FD [worker options]``
 """
 
 from __future__ import annotations
@@ -25,16 +25,11 @@ import argparse
 import os
 import signal
 import socket
-import struct
 import sys
-from typing import Final
-
-from . import sandbox, worker
+from ..protocol import ipc
+from . import loop, sandbox
 from .guest import fresh_runtime
 from .normalize import normalize
-
-PID: Final = struct.Struct(">I")
-
 
 def serve(control: socket.socket, args: argparse.Namespace) -> None:
     """Fork a worker for each request until the daemon closes the control socket."""
@@ -56,9 +51,9 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
         if pid == 0:
             control.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            os._exit(worker.run(channel, args, runtime))
+            os._exit(loop.run(channel, args, runtime))
         os.close(channel)
-        control.sendall(PID.pack(pid))
+        control.sendall(ipc.FORKED.pack(pid))
 
 
 def _reap_children(signum: int, frame: object) -> None:
@@ -72,7 +67,7 @@ def _reap_children(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = worker.parser().parse_args(argv[1:])
+    args = loop.parser().parse_args(argv[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon owns signals
     with socket.socket(fileno=args.fd) as control:
         serve(control, args)

@@ -8,7 +8,6 @@ them into host frames without decoding them.
 
 from __future__ import annotations
 
-import socket
 import struct
 from typing import Final, TypeAlias
 
@@ -18,6 +17,8 @@ from msgspec import Struct
 from .messages import ErrorCode
 
 HEADER: Final = struct.Struct(">I")
+# The zygote's answer to a fork request: the new worker's PID.
+FORKED: Final = struct.Struct(">I")
 
 
 class Run(Struct, array_like=True, tag=0):
@@ -87,21 +88,3 @@ from_worker_decoder: Final = msgspec.msgpack.Decoder(FromWorker)
 def frame(message: ToWorker | FromWorker) -> bytes:
     body = _encoder.encode(message)
     return HEADER.pack(len(body)) + body
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    """Blocking read of exactly ``n`` bytes (worker side); EOFError on a closed channel."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise EOFError("channel closed")
-        got += k
-    return bytes(buf)
-
-
-def recv_to_worker(sock: socket.socket) -> ToWorker:
-    (length,) = HEADER.unpack(recv_exactly(sock, HEADER.size))
-    return to_worker_decoder.decode(recv_exactly(sock, length))

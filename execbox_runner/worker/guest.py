@@ -25,8 +25,9 @@ from typing import Final
 import msgspec
 import quickjs
 
-from . import ipc, native
-from .messages import ErrorCode
+from ..protocol import ipc
+from ..protocol.messages import ErrorCode
+from . import native
 from .normalize import Program, normalize
 
 BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_text()

@@ -1,0 +1,7 @@
+"""``python -m execbox_runner``: the same command line as ``execbox-runner``."""
+
+import sys
+
+from .daemon.cli import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""The architecture as a rule: daemon -> protocol <- worker, and the protocol does no I/O.
+
+Each check imports in a fresh interpreter, so what one test imported cannot
+hide what another module pulls in.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "execbox_runner"
+# What the pure protocol layer must never load, directly or through a dependency.
+IO_MODULES = ("trio", "socket", "subprocess", "threading", "asyncio", "websockets", "quickjs", "execbox_runner.daemon", "execbox_runner.worker")
+
+
+def loaded_by(module: str) -> set[str]:
+    code = f"import sys, json, {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    return set(json.loads(out))
+
+
+@pytest.mark.parametrize("module", ["execbox_runner.protocol.messages", "execbox_runner.protocol.session", "execbox_runner.protocol.ipc", "execbox_runner.protocol.schema"])
+def test_protocol_loads_no_io(module: str) -> None:
+    loaded = loaded_by(module)
+    assert not {name for name in loaded for banned in IO_MODULES if name == banned or name.startswith(banned + ".")}
+
+
+def imported_names(source: str, package: str) -> set[str]:
+    """Absolute names of every module (and imported name) a module of ``package`` imports."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            names |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return names
+
+
+@pytest.mark.parametrize(("layer", "forbidden"), [("worker", "execbox_runner.daemon"), ("protocol", "execbox_runner.daemon"), ("protocol", "execbox_runner.worker")])
+def test_layer_never_imports(layer: str, forbidden: str) -> None:
+    for path in (PACKAGE / layer).rglob("*.py"):
+        package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
+        bad = {name for name in imported_names(path.read_text(), package) if name == forbidden or name.startswith(forbidden + ".")}
+        assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+def test_the_scan_resolves_relative_imports() -> None:
+    """``from ..daemon import pool`` in the worker is seen as ``execbox_runner.daemon.pool``."""
+    names = imported_names("from ..daemon import pool\nfrom . import native\nimport trio", "execbox_runner.worker")
+    assert {"execbox_runner.daemon", "execbox_runner.daemon.pool", "execbox_runner.worker.native", "trio"} <= names
