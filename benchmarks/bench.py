@@ -41,8 +41,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Final, Iterator, TextIO
+from typing import Any, Final, TextIO
 
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -55,7 +56,12 @@ try:
 except ImportError:  # pragma: no cover - pure-Python fallback
     from websockets.utils import apply_mask
 
-OPTIONS: Final[dict[str, int]] = {"timeoutMs": 5000, "memoryLimitBytes": 67108864, "maxLogLines": 100, "maxLogChars": 64000}
+OPTIONS: Final[dict[str, int]] = {
+    "timeoutMs": 5000,
+    "memoryLimitBytes": 67108864,
+    "maxLogLines": 100,
+    "maxLogChars": 64000,
+}
 PROVIDERS: Final[list[dict[str, Any]]] = [
     {"name": "tools", "tools": {"echo": {"safeName": "echo", "originalName": "echo"}}, "types": ""}
 ]
@@ -448,7 +454,9 @@ async def _load(uri: WebSocketURI, concurrency: int, duration: float, code: str)
     return _load_result(latencies, succeeded, fail_count, failures, cpu0, wall0)
 
 
-def _load_result(latencies: list[float], succeeded: int, fail_count: int, failures: list[str], cpu0: float, wall0: float) -> dict[str, Any]:
+def _load_result(
+    latencies: list[float], succeeded: int, fail_count: int, failures: list[str], cpu0: float, wall0: float
+) -> dict[str, Any]:
     """What a load client reports back to the parent process."""
     return {
         "completed": len(latencies),
@@ -464,7 +472,7 @@ def _load_result(latencies: list[float], succeeded: int, fail_count: int, failur
 class _RawConn:
     """State of one execution over one fresh connection in the raw load client."""
 
-    __slots__ = ("sock", "t0", "state", "buf", "fragments", "outcome")
+    __slots__ = ("buf", "fragments", "outcome", "sock", "state", "t0")
 
     CONNECTING, HANDSHAKE, OPEN, CLOSING = range(4)
 
@@ -705,7 +713,9 @@ def machine_busy_ticks() -> tuple[int, int]:
 # ---------------------------------------------------------------- throughput orchestration
 
 
-def run_throughput(url: str, mode: str, concurrency: int, duration: float, processes: int, code: str, daemon_pid: int | None) -> dict[str, Any]:
+def run_throughput(
+    url: str, mode: str, concurrency: int, duration: float, processes: int, code: str, daemon_pid: int | None
+) -> dict[str, Any]:
     """Throughput at ``concurrency`` split over ``processes`` client processes, with CPU shares."""
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
@@ -788,7 +798,9 @@ def run_throughput(url: str, mode: str, concurrency: int, duration: float, proce
             # What this box could do with nothing else running: all CPUs shared by daemon, workers
             # and this load client, and the single-threaded daemon limited to one core.
             cpus = os.cpu_count() or 1
-            out["capacity_estimate_per_s"] = round(min(cpus / ((total + client_cpu) / served), 1 / max(daemon_cpu / served, 1e-9)))
+            out["capacity_estimate_per_s"] = round(
+                min(cpus / ((total + client_cpu) / served), 1 / max(daemon_cpu / served, 1e-9))
+            )
         out["live_workers_after"] = after[2]
         machine_s = (busy1 - busy0) / CLK_TCK
         out["other_cpu_pct"] = round(100 * max(0.0, machine_s - total - client_cpu) / wall / (os.cpu_count() or 1), 1)
@@ -851,7 +863,9 @@ def verdict(ok: bool) -> str:
     return "MET" if ok else "MISSED"
 
 
-def latency_section(uri: WebSocketURI, echo_uri: WebSocketURI, iterations: int, say: Callable[[str], None], summary: dict[str, Any]) -> int:
+def latency_section(
+    uri: WebSocketURI, echo_uri: WebSocketURI, iterations: int, say: Callable[[str], None], summary: dict[str, Any]
+) -> int:
     """Sections 1-3: fresh-connection latencies, marginal tool call, echo baselines and ratios; returns failures.
 
     The measurements are interleaved round by round (0, 1, 10 tools, bare
@@ -894,8 +908,12 @@ def latency_section(uri: WebSocketURI, echo_uri: WebSocketURI, iterations: int, 
     summary["baseline"] = {"connect_echo_close": bare_close.summary(), "echo_round_trip": bare_rtt.summary()}
     ratio_exec = lat[0].median / bare_close.median
     ratio_tool = marginal / bare_rtt.median
-    say(f"  0-tool execution / bare connect+echo+close = {ratio_exec:5.2f}x  (target <= {TARGET_EXEC_VS_BARE}x: {verdict(ratio_exec <= TARGET_EXEC_VS_BARE)})")
-    say(f"  marginal tool call / bare echo round trip  = {ratio_tool:5.2f}x  (target <= {TARGET_TOOL_VS_ECHO}x: {verdict(ratio_tool <= TARGET_TOOL_VS_ECHO)})")
+    say(
+        f"  0-tool execution / bare connect+echo+close = {ratio_exec:5.2f}x  (target <= {TARGET_EXEC_VS_BARE}x: {verdict(ratio_exec <= TARGET_EXEC_VS_BARE)})"
+    )
+    say(
+        f"  marginal tool call / bare echo round trip  = {ratio_tool:5.2f}x  (target <= {TARGET_TOOL_VS_ECHO}x: {verdict(ratio_tool <= TARGET_TOOL_VS_ECHO)})"
+    )
     summary["ratios"] = {
         "exec0_vs_bare_connect_echo_close": number(ratio_exec, 3),
         "exec0_target": TARGET_EXEC_VS_BARE,
@@ -926,19 +944,30 @@ def throughput_line(result: dict[str, Any]) -> str:
     """One human-readable throughput result (two lines when CPU figures are known)."""
     fail = f"  FAILURES {result['failures']} {result['failure_examples']}" if result["failures"] else ""
     median, p95 = (result[k] if result[k] is not None else math.nan for k in ("latency_median_ms", "latency_p95_ms"))
-    text = (f"  c={result['concurrency']:<3} {result['executions_per_s']:8.1f} exec/s   median {median:7.2f} ms"
-            f"   p95 {p95:7.2f} ms   ({result['client_processes']} {result['client_mode']} client proc){fail}")
+    text = (
+        f"  c={result['concurrency']:<3} {result['executions_per_s']:8.1f} exec/s   median {median:7.2f} ms"
+        f"   p95 {p95:7.2f} ms   ({result['client_processes']} {result['client_mode']} client proc){fail}"
+    )
     if "daemon_plus_workers_cpu_s" in result:
-        text += (f"\n         CPU per execution: daemon {result['daemon_us_per_exec']} us + workers {result['workers_us_per_exec']} us"
-                 f" = {result['daemon_plus_workers_us_per_exec']} us; load client {result['client_cpu_us_per_exec']} us"
-                 f"\n         daemon process busy {100 * result['daemon_cores_used']:.0f}% of a core; machine busy {result['machine_busy_pct']}%"
-                 f" (other processes {result['other_cpu_pct']}%); live workers {result['live_workers_after']}"
-                 f"\n         CPU-bound capacity estimate (idle box, same client): {result.get('capacity_estimate_per_s')} exec/s")
+        text += (
+            f"\n         CPU per execution: daemon {result['daemon_us_per_exec']} us + workers {result['workers_us_per_exec']} us"
+            f" = {result['daemon_plus_workers_us_per_exec']} us; load client {result['client_cpu_us_per_exec']} us"
+            f"\n         daemon process busy {100 * result['daemon_cores_used']:.0f}% of a core; machine busy {result['machine_busy_pct']}%"
+            f" (other processes {result['other_cpu_pct']}%); live workers {result['live_workers_after']}"
+            f"\n         CPU-bound capacity estimate (idle box, same client): {result.get('capacity_estimate_per_s')} exec/s"
+        )
     return text
 
 
-def throughput_section(url: str, args: argparse.Namespace, duration: float, levels: list[int], daemon_pid: int | None,
-                       say: Callable[[str], None], summary: dict[str, Any]) -> int:
+def throughput_section(
+    url: str,
+    args: argparse.Namespace,
+    duration: float,
+    levels: list[int],
+    daemon_pid: int | None,
+    say: Callable[[str], None],
+    summary: dict[str, Any],
+) -> int:
     """Section 4: executions/s at each concurrency after a warm-up at the highest; returns failures."""
     say(f"\n4. Throughput ({THROUGHPUT_CODE!r}, fresh connection per execution, {duration:g} s per level)")
 
@@ -947,21 +976,28 @@ def throughput_section(url: str, args: argparse.Namespace, duration: float, leve
 
     top = max(levels)
     warm = run_throughput(url, args.load_client, top, max(1.0, duration / 2), procs(top), THROUGHPUT_CODE, daemon_pid)
-    say(f"  warm-up at c={top} (includes the worker pool growing): {warm['executions_per_s']} exec/s, "
-        f"{warm['failures']} failures, {warm.get('live_workers_after', '?')} live workers after")
+    say(
+        f"  warm-up at c={top} (includes the worker pool growing): {warm['executions_per_s']} exec/s, "
+        f"{warm['failures']} failures, {warm.get('live_workers_after', '?')} live workers after"
+    )
     if daemon_pid:
         waited, workers = wait_pool_settled(daemon_pid)
         say(f"  worker pool settled at {workers} processes {waited:.1f} s after the warm-up")
         warm["pool_settle_wait_s"], warm["pool_workers"] = round(waited, 2), workers
     summary["throughput_warmup"] = warm
-    results = [run_throughput(url, args.load_client, level, duration, procs(level), THROUGHPUT_CODE, daemon_pid) for level in levels]
+    results = [
+        run_throughput(url, args.load_client, level, duration, procs(level), THROUGHPUT_CODE, daemon_pid)
+        for level in levels
+    ]
     for result in results:
         say(throughput_line(result))
     summary["throughput"] = results
     at_64 = next((r for r in results if r["concurrency"] == 64), None)
     if at_64 is not None:
         met = at_64["executions_per_s"] >= TARGET_THROUGHPUT
-        say(f"  throughput at c=64 = {at_64['executions_per_s']} exec/s  (target >= {TARGET_THROUGHPUT:g}: {verdict(met)})")
+        say(
+            f"  throughput at c=64 = {at_64['executions_per_s']} exec/s  (target >= {TARGET_THROUGHPUT:g}: {verdict(met)})"
+        )
         summary["throughput_target_met"] = met
     return sum(r["failures"] for r in results)
 
@@ -980,20 +1016,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Loopback benchmark of the execbox runner daemon.")
     parser.add_argument("--url", help="benchmark a running daemon at this ws:// URL instead of starting one")
     parser.add_argument("--daemon-pid", type=int, help="with --url: the daemon's PID, for CPU accounting")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout (the report goes to stderr)")
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON summary on stdout (the report goes to stderr)"
+    )
     parser.add_argument("--quick", action="store_true", help="short smoke run")
     parser.add_argument("--iterations", type=int, help="executions per latency measurement (default 300; quick 30)")
     parser.add_argument("--duration", type=float, help="seconds per throughput level (default 4; quick 1)")
     parser.add_argument("--concurrency", default="1,16,64", help="throughput concurrency levels (default 1,16,64)")
-    parser.add_argument("--client-procs", type=int, default=1, help="load client processes for concurrency >= 16 (default 1)")
-    parser.add_argument("--load-client", choices=("raw", "sansio"), default="raw",
-                        help="throughput client: raw = hand-rolled RFC 6455 on epoll (cheapest, default); "
-                             "sansio = websockets ClientProtocol over asyncio.Protocol")
+    parser.add_argument(
+        "--client-procs", type=int, default=1, help="load client processes for concurrency >= 16 (default 1)"
+    )
+    parser.add_argument(
+        "--load-client",
+        choices=("raw", "sansio"),
+        default="raw",
+        help="throughput client: raw = hand-rolled RFC 6455 on epoll (cheapest, default); "
+        "sansio = websockets ClientProtocol over asyncio.Protocol",
+    )
     parser.add_argument("--cpu-iterations", type=int, help="CPU-bound guest executions (default 10; quick 3)")
-    parser.add_argument("--sections", default="latency,throughput,cpu",
-                        help="comma-separated subset of latency (sections 1-3), throughput, cpu (default: all)")
+    parser.add_argument(
+        "--sections",
+        default="latency,throughput,cpu",
+        help="comma-separated subset of latency (sections 1-3), throughput, cpu (default: all)",
+    )
     parser.add_argument("--warm-workers", type=int, help="passed to the daemon as --warm-workers")
-    parser.add_argument("--daemon-arg", action="append", default=[], help="extra argument for the daemon (repeatable, e.g. --daemon-arg=--max-workers=8)")
+    parser.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        help="extra argument for the daemon (repeatable, e.g. --daemon-arg=--max-workers=8)",
+    )
     args = parser.parse_args(args_list)
 
     iterations = args.iterations or (30 if args.quick else 300)
@@ -1015,7 +1067,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             url = args.url
         else:
-            daemon_argv = [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
+            daemon_argv = [
+                sys.executable,
+                "-m",
+                "execbox_runner",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--log-level",
+                "WARNING",
+            ]
             if args.warm_workers is not None:
                 daemon_argv += ["--warm-workers", str(args.warm_workers)]
             daemon_argv += args.daemon_arg
@@ -1025,20 +1088,35 @@ def main(argv: list[str] | None = None) -> int:
         uri = parse_uri(url)
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
-        say(f"execbox-runner benchmark: daemon {url} (pid {daemon_pid}); {os.cpu_count()} CPUs, load average {' '.join(load)}")
-        say(f"  latency client: websockets Sans-I/O ClientProtocol over a blocking socket; load client: {args.load_client}")
-        say(f"  iterations {iterations}, throughput {duration:g} s per level at {levels}, cpu-bound runs {cpu_iterations}")
+        say(
+            f"execbox-runner benchmark: daemon {url} (pid {daemon_pid}); {os.cpu_count()} CPUs, load average {' '.join(load)}"
+        )
+        say(
+            f"  latency client: websockets Sans-I/O ClientProtocol over a blocking socket; load client: {args.load_client}"
+        )
+        say(
+            f"  iterations {iterations}, throughput {duration:g} s per level at {levels}, cpu-bound runs {cpu_iterations}"
+        )
         summary["config"] = {
-            "url": url, "iterations": iterations, "duration_s": duration, "levels": levels, "sections": sorted(sections),
-            "client_procs": args.client_procs, "warm_workers": args.warm_workers, "daemon_args": args.daemon_arg,
-            "cpus": os.cpu_count(), "loadavg_at_start": load,
+            "url": url,
+            "iterations": iterations,
+            "duration_s": duration,
+            "levels": levels,
+            "sections": sorted(sections),
+            "client_procs": args.client_procs,
+            "warm_workers": args.warm_workers,
+            "daemon_args": args.daemon_arg,
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": load,
             "echo_server": "websockets Sans-I/O ServerProtocol over trio (subprocess)",
             "latency_client": "websockets Sans-I/O ClientProtocol over a blocking socket",
             "load_client": args.load_client,
         }
 
         if "latency" in sections:
-            echo = start_server([sys.executable, os.path.abspath(__file__), "_echo-server"], "echo listening on", stdin=subprocess.PIPE)
+            echo = start_server(
+                [sys.executable, os.path.abspath(__file__), "_echo-server"], "echo listening on", stdin=subprocess.PIPE
+            )
             servers.append(echo)
             failures += latency_section(uri, parse_uri(echo.url), iterations, say, summary)
             echo.stop()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.daemonkit import client, execute, receive, running_daemon  # noqa: E402
+from tests.daemonkit import client, execute, receive, running_daemon
 
 CASES = {
     "awaiting a tool": "await tools.hang({})",

@@ -149,17 +149,25 @@ def _parse_step(number: int, value: dict[str, JSON]) -> Step:
     timeout_ms = value.get("timeout_ms")
     kinds = [key for key in value if key != "timeout_ms"]
     if len(kinds) != 1 or kinds[0] not in _STEP_KINDS:
-        raise TranscriptError(f"line {number}: a step has exactly one of {sorted(_STEP_KINDS)} (plus optional timeout_ms), got {sorted(value)}")
+        raise TranscriptError(
+            f"line {number}: a step has exactly one of {sorted(_STEP_KINDS)} (plus optional timeout_ms), got {sorted(value)}"
+        )
     kind = kinds[0]
     body = value[kind]
-    if timeout_ms is not None and (not _is_number(timeout_ms) or timeout_ms <= 0 or kind not in ("runner", "runner_close")):
+    if timeout_ms is not None and (
+        not _is_number(timeout_ms) or timeout_ms <= 0 or kind not in ("runner", "runner_close")
+    ):
         raise TranscriptError(f"line {number}: timeout_ms must be a positive number on a runner or runner_close step")
     ok = {
         "host": isinstance(body, dict),
         "runner": isinstance(body, dict),
         "host_raw": isinstance(body, str),
-        "host_binary": isinstance(body, str) or (isinstance(body, dict) and set(body) == {"base64"} and isinstance(body["base64"], str)),
-        "runner_close": isinstance(body, dict) and set(body) <= {"code", "reason"} and "code" in body and isinstance(body["code"], int),
+        "host_binary": isinstance(body, str)
+        or (isinstance(body, dict) and set(body) == {"base64"} and isinstance(body["base64"], str)),
+        "runner_close": isinstance(body, dict)
+        and set(body) <= {"code", "reason"}
+        and "code" in body
+        and isinstance(body["code"], int),
         "runner_silent_ms": _is_number(body) and body >= 0,
         "sleep_ms": _is_number(body) and body >= 0,
         "host_close": body is True or (isinstance(body, dict) and set(body) <= {"code", "reason"}),
@@ -189,9 +197,13 @@ def match(expected: JSON, actual: JSON, bindings: Bindings, path: str = "$") -> 
     types kept apart (``true`` is not ``1``). ``bindings`` grows as
     ``<bind:NAME>`` placeholders meet their first value.
     """
-    if isinstance(expected, str) and expected.startswith("<") and expected.endswith(">"):
-        if _placeholder(expected, actual, bindings, path):
-            return
+    if (
+        isinstance(expected, str)
+        and expected.startswith("<")
+        and expected.endswith(">")
+        and _placeholder(expected, actual, bindings, path)
+    ):
+        return
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
             raise Mismatch(f"at {path}: expected an object, got {_show(actual)}")
@@ -250,7 +262,9 @@ def _placeholder(expected: str, actual: JSON, bindings: Bindings, path: str) -> 
             # A fresh identifier, e.g. a callId that must differ from every earlier one.
             for other, value in bindings.items():
                 if value == actual:
-                    raise Mismatch(f"at {path}: expected a new value for {name}, got {_show(actual)}, already bound to {other}")
+                    raise Mismatch(
+                        f"at {path}: expected a new value for {name}, got {_show(actual)}, already bound to {other}"
+                    )
         bindings[name] = actual
         return True
     return False
@@ -393,7 +407,9 @@ def _send(ws: ClientConnection, data: str | bytes) -> None:
     try:
         ws.send(data)
     except ConnectionClosed as exc:
-        raise Mismatch(f"the runner closed the connection ({_describe_close(exc)}) before the host could send") from None
+        raise Mismatch(
+            f"the runner closed the connection ({_describe_close(exc)}) before the host could send"
+        ) from None
 
 
 def _receive(ws: ClientConnection, wait: float, doing: str) -> JSON | None:
@@ -430,9 +446,13 @@ def _expect_close(ws: ClientConnection, expected: dict[str, JSON], wait: float) 
         except ConnectionClosed as exc:
             received = exc.rcvd
             if received is None:
-                raise Mismatch(f"expected close code {expected['code']}, but the connection dropped without a close frame") from None
+                raise Mismatch(
+                    f"expected close code {expected['code']}, but the connection dropped without a close frame"
+                ) from None
             if received.code != expected["code"]:
-                raise Mismatch(f"expected close code {expected['code']}, got {received.code} ({received.reason!r})") from None
+                raise Mismatch(
+                    f"expected close code {expected['code']}, got {received.code} ({received.reason!r})"
+                ) from None
             if "reason" in expected and received.reason != expected["reason"]:
                 raise Mismatch(f"expected close reason {expected['reason']!r}, got {received.reason!r}") from None
             return
@@ -450,11 +470,28 @@ def _describe_close(exc: ConnectionClosed) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="execbox-conformance", description="Replay execbox golden transcripts against a runner and check its answers.")
+    parser = argparse.ArgumentParser(
+        prog="execbox-conformance",
+        description="Replay execbox golden transcripts against a runner and check its answers.",
+    )
     parser.add_argument("url", help="the runner's WebSocket URL, e.g. ws://127.0.0.1:8765/")
-    parser.add_argument("--transcripts", type=Path, default=DEFAULT_TRANSCRIPTS, metavar="DIR", help=f"directory of *.jsonl transcripts (default {DEFAULT_TRANSCRIPTS})")
-    parser.add_argument("-k", dest="select", metavar="SUBSTRING", help="only transcripts whose file name contains SUBSTRING")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS", help=f"seconds to wait for each expected runner frame (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument(
+        "--transcripts",
+        type=Path,
+        default=DEFAULT_TRANSCRIPTS,
+        metavar="DIR",
+        help=f"directory of *.jsonl transcripts (default {DEFAULT_TRANSCRIPTS})",
+    )
+    parser.add_argument(
+        "-k", dest="select", metavar="SUBSTRING", help="only transcripts whose file name contains SUBSTRING"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds to wait for each expected runner frame (default {DEFAULT_TIMEOUT:g})",
+    )
     return parser
 
 

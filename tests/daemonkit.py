@@ -44,10 +44,9 @@ def children_of(parent: int) -> list[int]:
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry}/stat") as stat:
-                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == parent:
-                        pids.append(int(entry))
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == parent:
+                    pids.append(int(entry))
     return pids
 
 
@@ -94,7 +93,9 @@ def _listening_url(process: subprocess.Popen[str], stderr: IO[str]) -> str:
     found = re.search(r"listening on (wss?://\S+)", line)
     if found is None:
         stderr.seek(0)
-        raise RuntimeError(f"the daemon did not report its URL (got {line!r}, exit code {process.poll()}); stderr:\n{stderr.read()[-2000:]}")
+        raise RuntimeError(
+            f"the daemon did not report its URL (got {line!r}, exit code {process.poll()}); stderr:\n{stderr.read()[-2000:]}"
+        )
     return found.group(1)
 
 
@@ -110,7 +111,9 @@ def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> int:
 
 
 def execute(exec_id: str, code: str, **options: Any) -> str:
-    return json.dumps({"type": "execute", "id": exec_id, "code": code, "options": {**OPTIONS, **options}, "providers": TOOLS})
+    return json.dumps(
+        {"type": "execute", "id": exec_id, "code": code, "options": {**OPTIONS, **options}, "providers": TOOLS}
+    )
 
 
 def receive(ws: ClientConnection, timeout: float = 10.0) -> dict[str, Any]:

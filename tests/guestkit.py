@@ -38,13 +38,25 @@ def run(
     """Run guest code to completion; ``record`` collects (provider, tool, input) of each call."""
     if providers is None:
         providers = [("tools", ["echo", "fail"])]
-    guest = GuestRun(ipc.Run(code=code, budget_s=budget, memory_limit=memory, max_log_lines=lines, max_log_chars=chars, providers=providers, max_output_bytes=max_output))
+    guest = GuestRun(
+        ipc.Run(
+            code=code,
+            budget_s=budget,
+            memory_limit=memory,
+            max_log_lines=lines,
+            max_log_chars=chars,
+            providers=providers,
+            max_output_bytes=max_output,
+        )
+    )
     out = guest.start()
     logs: list[str] = []
     for _ in range(1000):
         logs += out.logs
         if isinstance(out, ipc.Finished):
-            return ipc.Finished(ok=out.ok, result=out.result, code=out.code, message=out.message, logs=logs, recycle=out.recycle)
+            return ipc.Finished(
+                ok=out.ok, result=out.result, code=out.code, message=out.message, logs=logs, recycle=out.recycle
+            )
         assert out.calls, "guest stalled with no tool call pending"
         for call_id, provider, tool, raw in out.calls:
             value = UNDEFINED if raw is None else json.loads(raw)

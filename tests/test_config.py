@@ -20,14 +20,25 @@ def test_flags_beat_environment_which_beats_the_file_which_beats_defaults(tmp_pa
     file = tmp_path / "runner.toml"
     file.write_text('max-sessions = 7\nidle_timeout = 5\nprofile = "hardened"\nsandbox = false\n')
     resolved = settings("--config", str(file), "--idle-timeout", "9", environ={"EXECBOX_RUNNER_MAX_SESSIONS": "11"})
-    assert (resolved.max_sessions, resolved.idle_timeout, resolved.profile, resolved.sandbox) == (11, 9.0, "hardened", False)
+    assert (resolved.max_sessions, resolved.idle_timeout, resolved.profile, resolved.sandbox) == (
+        11,
+        9.0,
+        "hardened",
+        False,
+    )
     assert settings().max_sessions == config.Settings().max_sessions
     assert settings(environ={"EXECBOX_RUNNER_CONFIG": str(file)}).profile == "hardened"
 
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("nope = 1", "unknown setting 'nope'"), ('max_sessions = "x"', "max_sessions must be int"), ('profile = "fast"', "must be one of"), ("sandbox = 1", "must be bool"), ("[broken", "cannot read")],
+    [
+        ("nope = 1", "unknown setting 'nope'"),
+        ('max_sessions = "x"', "max_sessions must be int"),
+        ('profile = "fast"', "must be one of"),
+        ("sandbox = 1", "must be bool"),
+        ("[broken", "cannot read"),
+    ],
 )
 def test_bad_config_files_are_refused_clearly(tmp_path: Path, content: str, message: str) -> None:
     file = tmp_path / "bad.toml"
@@ -47,8 +58,7 @@ def test_bad_environment_values_are_refused_clearly() -> None:
 def test_the_daemon_runs_with_a_config_file(tmp_path: Path) -> None:
     file = tmp_path / "runner.toml"
     file.write_text("max_sessions = 1\n")
-    with running_daemon("--config", str(file)) as d:
-        with client(d.url) as ws:
-            with pytest.raises(InvalidStatus):
-                client(d.url)
-            assert run_to_done(ws, "cfg", "5")["result"] == 5
+    with running_daemon("--config", str(file)) as d, client(d.url) as ws:
+        with pytest.raises(InvalidStatus):
+            client(d.url)
+        assert run_to_done(ws, "cfg", "5")["result"] == 5

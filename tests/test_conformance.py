@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from execbox_runner_conformance.harness import (
     DEFAULT_TRANSCRIPTS,
     Mismatch,
@@ -103,25 +102,81 @@ def _done(exec_id: str, **fields: Any) -> dict[str, Any]:
 
 
 WRONG: list[tuple[str, list[dict[str, Any]], str]] = [
-    ("wrong-result", [_execute("x", "1 + 1"), {"runner": {"type": "started", "id": "x"}}, _done("x", result=3)], 'at $.result: expected 3, got 2'),
-    ("boolean-is-not-number", [_execute("x", "1"), {"runner": {"type": "started", "id": "x"}}, _done("x", result=True)], "at $.result: expected true, got 1"),
-    ("result-key-must-be-absent", [_execute("x", "1"), {"runner": {"type": "started", "id": "x"}}, _done("x")], "unexpected key(s) 'result'"),
-    ("result-key-must-be-present", [_execute("x", ""), {"runner": {"type": "started", "id": "x"}}, _done("x", result="<any>")], "missing key(s) 'result'"),
+    (
+        "wrong-result",
+        [_execute("x", "1 + 1"), {"runner": {"type": "started", "id": "x"}}, _done("x", result=3)],
+        "at $.result: expected 3, got 2",
+    ),
+    (
+        "boolean-is-not-number",
+        [_execute("x", "1"), {"runner": {"type": "started", "id": "x"}}, _done("x", result=True)],
+        "at $.result: expected true, got 1",
+    ),
+    (
+        "result-key-must-be-absent",
+        [_execute("x", "1"), {"runner": {"type": "started", "id": "x"}}, _done("x")],
+        "unexpected key(s) 'result'",
+    ),
+    (
+        "result-key-must-be-present",
+        [_execute("x", ""), {"runner": {"type": "started", "id": "x"}}, _done("x", result="<any>")],
+        "missing key(s) 'result'",
+    ),
     ("skipped-started", [_execute("x", "1"), _done("x", result=1)], 'at $.type: expected "done", got "started"'),
-    ("duration-range", [_execute("x", "1"), {"runner": {"type": "started", "id": "x"}}, _done("x", durationMs="<number:100000..>", result=1)], "expected a number in 100000.."),
-    ("close-that-never-comes", [_execute("x", "1"), {"runner_close": {"code": 1008}}], "expected the runner to close with 1008, got message"),
-    ("wrong-close-code", [{"host_raw": "not json"}, {"runner_close": {"code": 1008}}], "expected close code 1008, got 1007"),
+    (
+        "duration-range",
+        [
+            _execute("x", "1"),
+            {"runner": {"type": "started", "id": "x"}},
+            _done("x", durationMs="<number:100000..>", result=1),
+        ],
+        "expected a number in 100000..",
+    ),
+    (
+        "close-that-never-comes",
+        [_execute("x", "1"), {"runner_close": {"code": 1008}}],
+        "expected the runner to close with 1008, got message",
+    ),
+    (
+        "wrong-close-code",
+        [{"host_raw": "not json"}, {"runner_close": {"code": 1008}}],
+        "expected close code 1008, got 1007",
+    ),
     ("silence-broken", [_execute("x", "1"), {"runner_silent_ms": 200}], "expected no message for 200 ms"),
-    ("message-that-never-comes", [{"runner": {"type": "started", "id": "x"}, "timeout_ms": 200}], "timed out after 0.2 s"),
-    ("unbound-name", [{"host": {"type": "tool_result", "callId": "<bind:nope>", "ok": True}}], "no runner message has bound yet"),
+    (
+        "message-that-never-comes",
+        [{"runner": {"type": "started", "id": "x"}, "timeout_ms": 200}],
+        "timed out after 0.2 s",
+    ),
+    (
+        "unbound-name",
+        [{"host": {"type": "tool_result", "callId": "<bind:nope>", "ok": True}}],
+        "no runner message has bound yet",
+    ),
     (
         "callid-rebinding",
         [
             _execute("x", "await tools.echo(1); await tools.echo(2)"),
             {"runner": {"type": "started", "id": "x"}},
-            {"runner": {"type": "tool_call", "callId": "<unique:a>", "providerName": "tools", "safeToolName": "echo", "input": 1}},
+            {
+                "runner": {
+                    "type": "tool_call",
+                    "callId": "<unique:a>",
+                    "providerName": "tools",
+                    "safeToolName": "echo",
+                    "input": 1,
+                }
+            },
             {"host": {"type": "tool_result", "callId": "<bind:a>", "ok": True}},
-            {"runner": {"type": "tool_call", "callId": "<bind:a>", "providerName": "tools", "safeToolName": "echo", "input": 2}},
+            {
+                "runner": {
+                    "type": "tool_call",
+                    "callId": "<bind:a>",
+                    "providerName": "tools",
+                    "safeToolName": "echo",
+                    "input": 2,
+                }
+            },
         ],
         "expected a = ",
     ),
@@ -130,14 +185,20 @@ WRONG: list[tuple[str, list[dict[str, Any]], str]] = [
 
 
 @pytest.mark.parametrize(("name", "steps", "reason"), WRONG, ids=[case[0] for case in WRONG])
-def test_harness_detects_mismatch(runner_url: str, tmp_path: Path, name: str, steps: list[dict[str, Any]], reason: str) -> None:
+def test_harness_detects_mismatch(
+    runner_url: str, tmp_path: Path, name: str, steps: list[dict[str, Any]], reason: str
+) -> None:
     result = run_transcript(runner_url, _write(tmp_path, name, steps), timeout=2.0)
     assert not result.passed
     assert reason in result.reason
 
 
 def test_harness_reports_expected_and_actual(runner_url: str, tmp_path: Path) -> None:
-    path = _write(tmp_path, "wrong", [_execute("x", "'real'"), {"runner": {"type": "started", "id": "x"}}, _done("x", result="imagined")])
+    path = _write(
+        tmp_path,
+        "wrong",
+        [_execute("x", "'real'"), {"runner": {"type": "started", "id": "x"}}, _done("x", result="imagined")],
+    )
     (result,) = run_all(runner_url, tmp_path)
     assert not result.passed
     assert result.line().startswith("FAIL wrong")
@@ -164,7 +225,11 @@ def test_conformance_command_fails_on_mismatch(runner_url: str, tmp_path: Path) 
 def test_match_placeholders() -> None:
     """The matcher alone, without a runner: placeholders, exact keys, and JSON types."""
     bindings: dict[str, str] = {}
-    match({"a": "<any>", "s": "<string>", "n": "<number>", "r": "<number:1..2>", "id": "<unique:c>"}, {"a": [1], "s": "x", "n": 1.5, "r": 2, "id": "call-1"}, bindings)
+    match(
+        {"a": "<any>", "s": "<string>", "n": "<number>", "r": "<number:1..2>", "id": "<unique:c>"},
+        {"a": [1], "s": "x", "n": 1.5, "r": 2, "id": "call-1"},
+        bindings,
+    )
     assert bindings == {"c": "call-1"}
     match("<bind:c>", "call-1", bindings)
     failures: list[tuple[Any, Any]] = [

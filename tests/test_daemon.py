@@ -89,7 +89,12 @@ class receive_duration:
 def test_workers_are_replaced_after_timeouts_and_out_of_memory(daemon: Daemon) -> None:
     with client(daemon.url) as ws:
         assert run_to_done(ws, "t", "while (true) {}", timeoutMs=200)["error"]["code"] == "timeout"
-        assert run_to_done(ws, "m", "const a = []; while (true) a.push(new Array(1000).fill(1))", memoryLimitBytes=8 << 20)["error"]["code"] == "memory_limit"
+        assert (
+            run_to_done(
+                ws, "m", "const a = []; while (true) a.push(new Array(1000).fill(1))", memoryLimitBytes=8 << 20
+            )["error"]["code"]
+            == "memory_limit"
+        )
         assert run_to_done(ws, "ok", "1 + 1")["result"] == 2
     deadline = time.monotonic() + 20
     while len(daemon.workers()) < 2 and time.monotonic() < deadline:
@@ -102,7 +107,9 @@ def test_concurrent_sessions_each_get_their_own_answers(daemon: Daemon) -> None:
 
     def one(i: int) -> None:
         with client(daemon.url) as ws:
-            results[i] = run_to_done(ws, f"c{i}", f"let s = 0; for (let k = 0; k < 3; k++) s += await tools.echo({i}); s")
+            results[i] = run_to_done(
+                ws, f"c{i}", f"let s = 0; for (let k = 0; k < 3; k++) s += await tools.echo({i}); s"
+            )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
     for thread in threads:
@@ -131,9 +138,13 @@ def test_huge_results_within_limits_arrive_whole(daemon: Daemon) -> None:
 def test_a_peer_that_stops_reading_is_dropped_without_stalling_others(daemon: Daemon) -> None:
     stalled = socket.create_connection(("127.0.0.1", int(daemon.url.rsplit(":", 1)[1].strip("/"))))
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stalled.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    stalled.sendall(
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
     time.sleep(0.2)
-    payload = execute("flood", "for (let i = 0; i < 50; i++) console.log('z'.repeat(60000)); 'x'.repeat(900000)", maxLogChars=10**7).encode()
+    payload = execute(
+        "flood", "for (let i = 0; i < 50; i++) console.log('z'.repeat(60000)); 'x'.repeat(900000)", maxLogChars=10**7
+    ).encode()
     mask = b"\x00\x00\x00\x00"
     stalled.sendall(bytes([0x81, 0xFF]) + len(payload).to_bytes(8, "big") + mask + payload)
     try:
@@ -183,8 +194,19 @@ def test_settings_come_from_environment_variables() -> None:
 
 
 def test_help_documents_every_flag() -> None:
-    out = subprocess.run([sys.executable, "-m", "execbox_runner", "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
-    for flag in ("--host", "--port", "--warm-workers", "--max-workers", "--max-message-bytes", "--send-timeout", "--cancel-grace", "EXECBOX_RUNNER_PORT"):
+    out = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "serve", "--help"], capture_output=True, text=True, timeout=30
+    ).stdout
+    for flag in (
+        "--host",
+        "--port",
+        "--warm-workers",
+        "--max-workers",
+        "--max-message-bytes",
+        "--send-timeout",
+        "--cancel-grace",
+        "EXECBOX_RUNNER_PORT",
+    ):
         assert flag in out
 
 
@@ -193,7 +215,12 @@ def test_a_taken_port_is_a_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", str(port)], capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 1 and "Address already in use" in result.stderr
 
 

@@ -13,7 +13,12 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 
 
 def manifests() -> dict[str, dict[str, Any]]:
-    documents = [doc for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    documents = [
+        doc
+        for path in sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
     return {doc["kind"]: doc for doc in documents}
 
 
@@ -41,7 +46,10 @@ def test_service_and_autoscaler_point_at_the_deployment() -> None:
     kinds = manifests()
     labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
     assert kinds["Service"]["spec"]["selector"].items() <= labels.items()
-    assert kinds["Service"]["spec"]["ports"][0]["targetPort"] == kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    assert (
+        kinds["Service"]["spec"]["ports"][0]["targetPort"]
+        == kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    )
     target = kinds["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", kinds["Deployment"]["metadata"]["name"])
 

@@ -96,7 +96,13 @@ def test_mutating_a_trusted_errors_code_does_not_change_the_reported_code() -> N
 
 @pytest.mark.parametrize(
     ("code", "message"),
-    [("throw new Error('boom')", "boom"), ("throw 'plain'", "plain"), ("throw 42", "42"), ("throw null", "null"), ("null.x", "cannot read property 'x' of null")],
+    [
+        ("throw new Error('boom')", "boom"),
+        ("throw 'plain'", "plain"),
+        ("throw 42", "42"),
+        ("throw null", "null"),
+        ("null.x", "cannot read property 'x' of null"),
+    ],
 )
 def test_guest_throws_become_runtime_errors_with_their_message(code: str, message: str) -> None:
     assert error(run(code)) == ("runtime_error", message)
@@ -117,7 +123,9 @@ def test_no_host_capabilities_are_reachable() -> None:
 
 
 def test_prepare_stack_trace_cannot_be_hooked() -> None:
-    code = "Error.prepareStackTrace = () => 'hooked'; [typeof Error.prepareStackTrace, new Error('e').stack === 'hooked']"
+    code = (
+        "Error.prepareStackTrace = () => 'hooked'; [typeof Error.prepareStackTrace, new Error('e').stack === 'hooked']"
+    )
     assert value(run(code)) == ["undefined", False]
 
 
@@ -150,7 +158,15 @@ def test_console_formats_each_call_as_one_line() -> None:
     console.log(); console.log(NaN, () => 1);
     const c = {}; c.c = c; console.log(c);
     """
-    assert run(code).logs == ['a 1 true null undefined {"b":[1]} 10 Symbol(s)', "info", "warn", "error", "", "null () => 1", "[object Object]"]
+    assert run(code).logs == [
+        'a 1 true null undefined {"b":[1]} 10 Symbol(s)',
+        "info",
+        "warn",
+        "error",
+        "",
+        "null () => 1",
+        "[object Object]",
+    ]
 
 
 # ------------------------------------------------------------------ serialization
@@ -158,8 +174,26 @@ def test_console_formats_each_call_as_one_line() -> None:
 
 @pytest.mark.parametrize(
     "code",
-    ["1n", "({ a: 1n })", "Symbol('x')", "(function f() {})", "({ f() {} })", "NaN", "[Infinity]", "({ a: { b: -Infinity } })", "new Map()", "new Date(0)",
-     "new (class A {})()", "const o = {}; o.self = o; o", "const a = []; a.push([a]); a", "[1,,2]", "({ a: undefined })", "[undefined]", "new Uint8Array(2)", "/x/"],
+    [
+        "1n",
+        "({ a: 1n })",
+        "Symbol('x')",
+        "(function f() {})",
+        "({ f() {} })",
+        "NaN",
+        "[Infinity]",
+        "({ a: { b: -Infinity } })",
+        "new Map()",
+        "new Date(0)",
+        "new (class A {})()",
+        "const o = {}; o.self = o; o",
+        "const a = []; a.push([a]); a",
+        "[1,,2]",
+        "({ a: undefined })",
+        "[undefined]",
+        "new Uint8Array(2)",
+        "/x/",
+    ],
 )
 def test_non_serializable_results_are_serialization_errors(code: str) -> None:
     assert error(run(code))[0] == "serialization_error"
@@ -167,7 +201,9 @@ def test_non_serializable_results_are_serialization_errors(code: str) -> None:
 
 def test_non_serializable_tool_input_rejects_without_a_tool_call() -> None:
     calls: list = []
-    code = "try { await tools.echo({ a: 1n }) } catch (e) { return [e.code, e.message.startsWith('Guest code passed')] }"
+    code = (
+        "try { await tools.echo({ a: 1n }) } catch (e) { return [e.code, e.message.startsWith('Guest code passed')] }"
+    )
     assert value(run(code, record=calls)) == ["serialization_error", True]
     assert calls == []
     assert error(run("await tools.echo(new Map())", record=calls))[0] == "serialization_error"
@@ -185,7 +221,11 @@ def test_output_larger_than_the_runner_limit_is_a_serialization_error() -> None:
 
 
 def test_plain_values_shared_and_null_prototype_objects_serialize() -> None:
-    assert value(run("const x = { k: 1 }; [x, x, Object.assign(Object.create(null), { n: -0 })]")) == [{"k": 1}, {"k": 1}, {"n": 0}]
+    assert value(run("const x = { k: 1 }; [x, x, Object.assign(Object.create(null), { n: -0 })]")) == [
+        {"k": 1},
+        {"k": 1},
+        {"n": 0},
+    ]
 
 
 # ------------------------------------------------------------------ limits
@@ -209,7 +249,9 @@ def test_out_of_memory_without_an_error_object_is_still_memory_limit(repeat: int
 
 def test_guest_thrown_null_is_a_runtime_error_not_memory_limit() -> None:
     assert error(run("throw null", memory=8 << 20)) == ("runtime_error", "null")
-    assert error(run("String.prototype.repeat = () => { throw null }; Uint8Array = function () { throw null }; throw null")) == ("runtime_error", "null")
+    assert error(
+        run("String.prototype.repeat = () => { throw null }; Uint8Array = function () { throw null }; throw null")
+    ) == ("runtime_error", "null")
 
 
 def test_string_bomb_is_contained() -> None:
@@ -226,11 +268,24 @@ def test_spinning_guest_times_out_by_itself() -> None:
 
 
 def test_promise_job_storm_is_bounded_by_the_budget() -> None:
-    assert run("const spin = () => Promise.resolve().then(spin); spin(); await new Promise(() => {})", budget=0.2).code == "timeout"
+    assert (
+        run("const spin = () => Promise.resolve().then(spin); spin(); await new Promise(() => {})", budget=0.2).code
+        == "timeout"
+    )
 
 
 def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
-    guest = GuestRun(ipc.Run(code="try { await tools.echo(1) } finally { console.log('cleanup') }", budget_s=5, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[("tools", ["echo"])], max_output_bytes=1 << 20))
+    guest = GuestRun(
+        ipc.Run(
+            code="try { await tools.echo(1) } finally { console.log('cleanup') }",
+            budget_s=5,
+            memory_limit=64 << 20,
+            max_log_lines=10,
+            max_log_chars=100,
+            providers=[("tools", ["echo"])],
+            max_output_bytes=1 << 20,
+        )
+    )
     assert isinstance(guest.start(), ipc.ToolCalls)
     finished = guest.abort()
     assert (finished.code, finished.logs) == ("timeout", ["cleanup"])
@@ -238,7 +293,17 @@ def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
 
 def test_a_spinning_guest_is_interrupted_from_another_thread_and_keeps_its_logs() -> None:
     assert native.SUPPORTED, "the quickjs binding's layout changed: cancel falls back to killing workers"
-    guest = GuestRun(ipc.Run(code="console.log('spin'); while (true) {}", budget_s=60, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[], max_output_bytes=1 << 20))
+    guest = GuestRun(
+        ipc.Run(
+            code="console.log('spin'); while (true) {}",
+            budget_s=60,
+            memory_limit=64 << 20,
+            max_log_lines=10,
+            max_log_chars=100,
+            providers=[],
+            max_output_bytes=1 << 20,
+        )
+    )
     poker = threading.Timer(0.05, lambda: [guest.interrupt() for _ in range(3)])
     poker.start()
     started = time.monotonic()
@@ -259,7 +324,17 @@ def test_the_bootstrap_source_fallback_behaves_like_the_compiled_bootstrap(monke
 
 def test_abort_keeps_logs_even_when_the_unwinding_guest_spins() -> None:
     code = "try { await tools.echo(1) } finally { console.log('unwinding'); while (true) {} }"
-    guest = GuestRun(ipc.Run(code=code, budget_s=5, memory_limit=64 << 20, max_log_lines=10, max_log_chars=100, providers=[("tools", ["echo"])], max_output_bytes=1 << 20))
+    guest = GuestRun(
+        ipc.Run(
+            code=code,
+            budget_s=5,
+            memory_limit=64 << 20,
+            max_log_lines=10,
+            max_log_chars=100,
+            providers=[("tools", ["echo"])],
+            max_output_bytes=1 << 20,
+        )
+    )
     assert isinstance(guest.start(), ipc.ToolCalls)
     finished = guest.abort()
     assert (finished.code, finished.logs) == ("timeout", ["unwinding"])

@@ -28,20 +28,38 @@ CORPUS: dict[str, tuple[str, set[str]]] = {
     "object_graph": ("let o = {}; for (let i = 0; ; i++) o = { next: o, pad: [i, i, i, i] }", {"memory_limit"}),
     "typed_array": ("new Uint8Array(1e9)", {"memory_limit", "runtime_error"}),
     "map_growth": ("const m = new Map(); for (let i = 0; ; i++) m.set(i, { i })", {"memory_limit"}),
-    "small_strings": ("const s = []; for (let i = 0; ; i++) s.push('x'.repeat(64) + i)", {"memory_limit", "runtime_error"}),
-    "nested_bomb": ("function f() { const a = []; while (true) a.push({ a: [1, 2, 3] }) } f()", {"memory_limit", "runtime_error"}),
+    "small_strings": (
+        "const s = []; for (let i = 0; ; i++) s.push('x'.repeat(64) + i)",
+        {"memory_limit", "runtime_error"},
+    ),
+    "nested_bomb": (
+        "function f() { const a = []; while (true) a.push({ a: [1, 2, 3] }) } f()",
+        {"memory_limit", "runtime_error"},
+    ),
     # stack exhaustion
     "recursion": ("function f(n) { return f(n + 1) + 1 } f(0)", {"runtime_error"}),
     "mutual_recursion": ("const a = (n) => b(n) + 1; const b = (n) => a(n) + 1; a(0)", {"runtime_error"}),
-    "deep_result": ("let v = []; for (let i = 0; i < 100000; i++) v = [v]; v", {"serialization_error", "runtime_error"}),
+    "deep_result": (
+        "let v = []; for (let i = 0; i < 100000; i++) v = [v]; v",
+        {"serialization_error", "runtime_error"},
+    ),
     "deep_json_parse": ("JSON.parse('['.repeat(100000) + ']'.repeat(100000))", {"runtime_error", "memory_limit"}),
     # log floods
     "log_flood": ("for (let i = 0; i < 200000; i++) console.log('flood', i); 1", {"ok"}),
     "log_huge_lines": ("const s = 'y'.repeat(1 << 20); for (let i = 0; i < 100; i++) console.log(s); 1", {"ok"}),
     # promise and job storms
-    "microtask_storm": ("const spin = () => Promise.resolve().then(spin); spin(); await new Promise(() => {})", {"timeout"}),
-    "promise_all_storm": ("await Promise.all(Array.from({ length: 200000 }, (_, i) => Promise.resolve(i))); 1", {"ok", "memory_limit", "runtime_error"}),
-    "queue_microtask_storm": ("const again = () => queueMicrotask(again); again(); await new Promise(() => {})", {"timeout"}),
+    "microtask_storm": (
+        "const spin = () => Promise.resolve().then(spin); spin(); await new Promise(() => {})",
+        {"timeout"},
+    ),
+    "promise_all_storm": (
+        "await Promise.all(Array.from({ length: 200000 }, (_, i) => Promise.resolve(i))); 1",
+        {"ok", "memory_limit", "runtime_error"},
+    ),
+    "queue_microtask_storm": (
+        "const again = () => queueMicrotask(again); again(); await new Promise(() => {})",
+        {"timeout"},
+    ),
     "tool_call_flood": ("await Promise.all(Array.from({ length: 2000 }, (_, i) => tools.echo(i))); 1", {"ok"}),
     # huge strings and results
     "huge_result": ("'z'.repeat(20 << 20)", {"serialization_error", "memory_limit"}),
@@ -61,7 +79,10 @@ CORPUS: dict[str, tuple[str, set[str]]] = {
         const r = await tools.echo({ a: [1, 2] }); console.log('after'); r""",
         {"ok", "runtime_error"},
     ),
-    "tamper_error_classification": ("Error.isError = () => true; Object.getPrototypeOf = () => null; throw new Error('out of memory')", {"runtime_error"}),
+    "tamper_error_classification": (
+        "Error.isError = () => true; Object.getPrototypeOf = () => null; throw new Error('out of memory')",
+        {"runtime_error"},
+    ),
 }
 
 

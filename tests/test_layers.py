@@ -16,7 +16,17 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "execbox_runner"
 # What the pure protocol layer must never load, directly or through a dependency.
-IO_MODULES = ("trio", "socket", "subprocess", "threading", "asyncio", "websockets", "quickjs", "execbox_runner.daemon", "execbox_runner.worker")
+IO_MODULES = (
+    "trio",
+    "socket",
+    "subprocess",
+    "threading",
+    "asyncio",
+    "websockets",
+    "quickjs",
+    "execbox_runner.daemon",
+    "execbox_runner.worker",
+)
 
 
 def loaded_by(module: str) -> set[str]:
@@ -25,7 +35,15 @@ def loaded_by(module: str) -> set[str]:
     return set(json.loads(out))
 
 
-@pytest.mark.parametrize("module", ["execbox_runner.protocol.messages", "execbox_runner.protocol.session", "execbox_runner.protocol.ipc", "execbox_runner.protocol.schema"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "execbox_runner.protocol.messages",
+        "execbox_runner.protocol.session",
+        "execbox_runner.protocol.ipc",
+        "execbox_runner.protocol.schema",
+    ],
+)
 def test_protocol_loads_no_io(module: str) -> None:
     loaded = loaded_by(module)
     assert not {name for name in loaded for banned in IO_MODULES if name == banned or name.startswith(banned + ".")}
@@ -44,11 +62,18 @@ def imported_names(source: str, package: str) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize(("layer", "forbidden"), [("worker", "execbox_runner.daemon"), ("protocol", "execbox_runner.daemon"), ("protocol", "execbox_runner.worker")])
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [("worker", "execbox_runner.daemon"), ("protocol", "execbox_runner.daemon"), ("protocol", "execbox_runner.worker")],
+)
 def test_layer_never_imports(layer: str, forbidden: str) -> None:
     for path in (PACKAGE / layer).rglob("*.py"):
         package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
-        bad = {name for name in imported_names(path.read_text(), package) if name == forbidden or name.startswith(forbidden + ".")}
+        bad = {
+            name
+            for name in imported_names(path.read_text(), package)
+            if name == forbidden or name.startswith(forbidden + ".")
+        }
         assert not bad, f"{path.name} imports {sorted(bad)}"
 
 

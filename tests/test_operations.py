@@ -61,9 +61,8 @@ def test_sessions_beyond_the_maximum_get_503_with_retry_after(daemon: Daemon) ->
 
 
 def test_idle_sessions_are_closed(daemon: Daemon) -> None:
-    with client(daemon.url) as ws:
-        with pytest.raises(ConnectionClosed) as closed:
-            ws.recv(timeout=10)
+    with client(daemon.url) as ws, pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
 
 
@@ -98,7 +97,12 @@ def test_sessions_need_a_valid_bearer_token(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("# one per line\nfirst-secret\nsecond-secret\n")
     with running_daemon("--tokens-file", str(tokens), "--allowed-origins", "https://host.example") as d:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic first-secret"}, {"Authorization": "Bearer first-secre"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "Basic first-secret"},
+            {"Authorization": "Bearer first-secre"},
+        ):
             with pytest.raises(InvalidStatus) as refused:
                 client(d.url, additional_headers=headers)
             assert refused.value.response.status_code == 401
@@ -109,7 +113,9 @@ def test_sessions_need_a_valid_bearer_token(tmp_path: Path) -> None:
         with pytest.raises(InvalidStatus) as forbidden:
             client(d.url, additional_headers={"Authorization": "Bearer first-secret"}, origin="https://evil.example")
         assert forbidden.value.response.status_code == 403
-        with client(d.url, additional_headers={"Authorization": "Bearer first-secret"}, origin="https://host.example") as ws:
+        with client(
+            d.url, additional_headers={"Authorization": "Bearer first-secret"}, origin="https://host.example"
+        ) as ws:
             assert run_to_done(ws, "origin", "3")["result"] == 3
         assert get(d, "/healthz")[0] == 200  # probes need no token
 
@@ -140,10 +146,19 @@ def test_wss_with_a_real_certificate(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--host", "0.0.0.0"], "without authentication"), (["--keyfile", "/nonexistent"], "--keyfile needs --certfile"), (["--certfile", "/nonexistent"], "No such file")],
+    [
+        (["--host", "0.0.0.0"], "without authentication"),
+        (["--keyfile", "/nonexistent"], "--keyfile needs --certfile"),
+        (["--certfile", "/nonexistent"], "No such file"),
+    ],
 )
 def test_unsafe_or_broken_configurations_refuse_to_start(args: list[str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "execbox_runner", "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and message in result.stderr
 
 
@@ -216,7 +231,11 @@ def test_recorded_sessions_replay_with_no_difference(tmp_path: Path) -> None:
     records = tmp_path / "records"
     with running_daemon("--record-dir", str(records)) as d:
         with client(d.url) as ws:
-            assert run_to_done(ws, "rec-tools", "const a = await tools.echo({ n: 1 }); console.log('got', a.n); [a, await tools.echo('two')]")["ok"]
+            assert run_to_done(
+                ws,
+                "rec-tools",
+                "const a = await tools.echo({ n: 1 }); console.log('got', a.n); [a, await tools.echo('two')]",
+            )["ok"]
             assert run_to_done(ws, "rec-error", "await tools.echo(1); null.x")["error"]["code"] == "runtime_error"
         with client(d.url) as ws:
             ws.send(execute("rec-cancel", "console.log('busy'); while (true) {}", timeoutMs=60000))
@@ -229,11 +248,21 @@ def test_recorded_sessions_replay_with_no_difference(tmp_path: Path) -> None:
         assert len(transcripts) == 2
         summaries = [json.loads(path.with_suffix(".summary.json").read_text()) for path in transcripts]
         assert [e["id"] for s in summaries for e in s["executions"]] == ["rec-tools", "rec-error", "rec-cancel"]
-        replay = subprocess.run([sys.executable, "-m", "execbox_runner", "replay", *map(str, transcripts), "--url", d.url], capture_output=True, text=True, timeout=120)
+        replay = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "replay", *map(str, transcripts), "--url", d.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert replay.returncode == 0, replay.stdout
         assert replay.stdout.strip().splitlines()[-1] == "2 passed, 0 failed"
         # A record that no longer matches what the runner does is reported, with the difference.
         doctored = tmp_path / "doctored.jsonl"
         doctored.write_text(transcripts[0].read_text().replace('"got 1"', '"got 2"'))
-        replay = subprocess.run([sys.executable, "-m", "execbox_runner", "replay", str(doctored), "--url", d.url], capture_output=True, text=True, timeout=120)
+        replay = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "replay", str(doctored), "--url", d.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert replay.returncode == 1 and "got 2" in replay.stdout and "0 passed, 1 failed" in replay.stdout

@@ -41,7 +41,19 @@ def test_json_values_round_trip_host_to_guest_to_host(data: Any) -> None:
     assert as_js(seen[1][2]) == as_js(data)
 
 
-BAD_LEAVES = ["1n", "NaN", "Infinity", "-Infinity", "undefined", "Symbol('s')", "(() => 1)", "new Map()", "new Date(0)", "new (class K {})()", "new Set([1])"]
+BAD_LEAVES = [
+    "1n",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "undefined",
+    "Symbol('s')",
+    "(() => 1)",
+    "new Map()",
+    "new Date(0)",
+    "new (class K {})()",
+    "new Set([1])",
+]
 
 
 @FAST
@@ -57,7 +69,10 @@ def test_a_bad_value_anywhere_is_a_serialization_error(data: Any, bad: str, path
     assert error(run(code))[0] == "serialization_error"
     # The same value as a tool input rejects the guest's promise and sends no tool_call.
     seen: list = []
-    assert error(run(f"await tools.echo({code.split('; ', 1)[1]})".replace("const good", "good"), record=seen))[0] in ("serialization_error", "runtime_error")
+    assert error(run(f"await tools.echo({code.split('; ', 1)[1]})".replace("const good", "good"), record=seen))[0] in (
+        "serialization_error",
+        "runtime_error",
+    )
     assert seen == []
 
 
@@ -87,7 +102,11 @@ def truncate_model(lines: list[str], max_lines: int, max_chars: int) -> list[str
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(alphabet=st.sampled_from("ab é😀\t"), max_size=12), max_size=12), st.integers(0, 14), st.integers(0, 60))
+@given(
+    st.lists(st.text(alphabet=st.sampled_from("ab é😀\t"), max_size=12), max_size=12),
+    st.integers(0, 14),
+    st.integers(0, 60),
+)
 def test_log_truncation_matches_the_specification(lines: list[str], max_lines: int, max_chars: int) -> None:
     code = "".join(f"console.log({json.dumps(line)});" for line in lines)
     assert run(code, lines=max_lines, chars=max_chars).logs == truncate_model(lines, max_lines, max_chars)

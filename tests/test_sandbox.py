@@ -20,7 +20,11 @@ CAPABILITIES = sandbox.capabilities()
 
 def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     parent, child = socket.socketpair()
-    process = subprocess.Popen([sys.executable, "-m", "execbox_runner.worker.loop", str(child.fileno()), *args], pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "execbox_runner.worker.loop", str(child.fileno()), *args],
+        pass_fds=(child.fileno(),),
+        stdin=subprocess.DEVNULL,
+    )
     child.close()
     parent.settimeout(60)
     return process, parent
@@ -41,7 +45,22 @@ def probed() -> Iterator[tuple[ipc.Probed, int]]:
     yield report, process.pid
 
 
-@pytest.mark.parametrize("action", ["read_file", "write_file", "list_directory", "socket", "unix_socket", "fork", "exec", "subprocess", "signal_init", "ptrace_init", "raise_nofile"])
+@pytest.mark.parametrize(
+    "action",
+    [
+        "read_file",
+        "write_file",
+        "list_directory",
+        "socket",
+        "unix_socket",
+        "fork",
+        "exec",
+        "subprocess",
+        "signal_init",
+        "ptrace_init",
+        "raise_nofile",
+    ],
+)
 def test_the_confined_worker_cannot(probed: tuple[ipc.Probed, int], action: str) -> None:
     if not CAPABILITIES.seccomp:
         pytest.skip("seccomp is not available on this host")
@@ -88,30 +107,68 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
     process, sock = start_worker("--max-memory", str(64 << 20))
     with sock:
         assert isinstance(receive(sock), ipc.Ready)
-        run = ipc.Run(code="console.log('hi'); const r = await t.e({ a: 1 }); r.a + 1", budget_s=5, memory_limit=32 << 20, max_log_lines=10, max_log_chars=100, providers=[("t", ["e"])], max_output_bytes=1 << 20)
+        run = ipc.Run(
+            code="console.log('hi'); const r = await t.e({ a: 1 }); r.a + 1",
+            budget_s=5,
+            memory_limit=32 << 20,
+            max_log_lines=10,
+            max_log_chars=100,
+            providers=[("t", ["e"])],
+            max_output_bytes=1 << 20,
+        )
         sock.sendall(ipc.frame(run))
         calls = receive(sock)
         assert isinstance(calls, ipc.ToolCalls) and calls.logs == ["hi"]
         sock.sendall(ipc.frame(ipc.Settle(call_id=calls.calls[0][0], ok=True, value=b'{"a": 41}')))
         finished = receive(sock)
         assert isinstance(finished, ipc.Finished) and finished.result == b"42"
-        sock.sendall(ipc.frame(ipc.Run(code="const a = []; while (true) a.push(new Array(1000).fill(1))", budget_s=5, memory_limit=32 << 20, max_log_lines=10, max_log_chars=100, providers=[], max_output_bytes=1 << 20)))
+        sock.sendall(
+            ipc.frame(
+                ipc.Run(
+                    code="const a = []; while (true) a.push(new Array(1000).fill(1))",
+                    budget_s=5,
+                    memory_limit=32 << 20,
+                    max_log_lines=10,
+                    max_log_chars=100,
+                    providers=[],
+                    max_output_bytes=1 << 20,
+                )
+            )
+        )
         assert receive(sock).code == "memory_limit"
     process.wait(timeout=30)
 
 
 def test_info_reports_what_this_host_enforces() -> None:
-    out = subprocess.run([sys.executable, "-m", "execbox_runner", "info", "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "info", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     report = json.loads(out)
     protections = report["protections"]
     assert protections["seccomp"] == {"requested": True, "enforced": CAPABILITIES.seccomp}
     assert protections["network_namespace"]["enforced"] == CAPABILITIES.network_namespace
     assert report["limits"]["max_memory_limit_bytes"] == 512 << 20
     assert report["warnings"] == sandbox.warnings(protections)
-    off = json.loads(subprocess.run([sys.executable, "-m", "execbox_runner", "info", "--json", "--sandbox", "false"], capture_output=True, text=True, timeout=60, check=True).stdout)
+    off = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "info", "--json", "--sandbox", "false"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
     assert not any(state["requested"] for state in off["protections"].values()) and off["warnings"] == []
 
 
 def test_each_unenforceable_protection_gets_a_warning() -> None:
-    report = {"seccomp": {"requested": True, "enforced": False}, "rlimits": {"requested": True, "enforced": True}, "network_namespace": {"requested": False, "enforced": False}}
+    report = {
+        "seccomp": {"requested": True, "enforced": False},
+        "rlimits": {"requested": True, "enforced": True},
+        "network_namespace": {"requested": False, "enforced": False},
+    }
     assert sandbox.warnings(report) == ["worker protection 'seccomp' was requested but cannot be enforced on this host"]

@@ -54,7 +54,13 @@ def test_execute_sends_started_then_starts_a_run_with_the_limits() -> None:
     actions = Session().receive_text(execute(), 10.0)
     assert sent(actions) == [{"type": "started", "id": "e1"}]
     run = next(a.run for a in actions if isinstance(a, StartRun))
-    assert (run.budget_s, run.memory_limit, run.max_log_lines, run.max_log_chars, run.providers) == (1.0, 67108864, 100, 64000, [("tools", ["echo"])])
+    assert (run.budget_s, run.memory_limit, run.max_log_lines, run.max_log_chars, run.providers) == (
+        1.0,
+        67108864,
+        100,
+        64000,
+        [("tools", ["echo"])],
+    )
 
 
 def test_tool_calls_are_numbered_and_results_correlated_once() -> None:
@@ -69,8 +75,12 @@ def test_tool_calls_are_numbered_and_results_correlated_once() -> None:
     assert session.receive_text(result, 0.3) == []  # settled: ignored
     unknown = json.dumps({"type": "tool_result", "callId": "call-9", "ok": True, "result": 1}).encode()
     assert session.receive_text(unknown, 0.3) == []
-    failing = json.dumps({"type": "tool_result", "callId": "call-1", "ok": False, "error": {"code": "tool_error", "message": "no"}}).encode()
-    assert session.receive_text(failing, 0.4) == [SendToWorker(ipc.Settle(call_id=1, ok=False, code="tool_error", message="no"))]
+    failing = json.dumps(
+        {"type": "tool_result", "callId": "call-1", "ok": False, "error": {"code": "tool_error", "message": "no"}}
+    ).encode()
+    assert session.receive_text(failing, 0.4) == [
+        SendToWorker(ipc.Settle(call_id=1, ok=False, code="tool_error", message="no"))
+    ]
 
 
 def test_undefined_input_omits_the_field_and_undefined_result_omits_result() -> None:
@@ -150,7 +160,12 @@ def test_malformed_execute_with_an_id_gets_validation_error_and_session_stays_us
 
 
 def test_frames_without_an_execution_id_close_with_a_specific_code() -> None:
-    cases = [(b"{nope", CLOSE_INVALID_PAYLOAD), (b'{"type":"hello"}', CLOSE_POLICY_VIOLATION), (b"[1]", CLOSE_POLICY_VIOLATION), (b'{"type":"cancel"}', CLOSE_POLICY_VIOLATION)]
+    cases = [
+        (b"{nope", CLOSE_INVALID_PAYLOAD),
+        (b'{"type":"hello"}', CLOSE_POLICY_VIOLATION),
+        (b"[1]", CLOSE_POLICY_VIOLATION),
+        (b'{"type":"cancel"}', CLOSE_POLICY_VIOLATION),
+    ]
     for frame, code in cases:
         actions = Session().receive_text(frame, 0.0)
         assert [a.code for a in actions if isinstance(a, CloseTransport)] == [code], frame
@@ -169,7 +184,11 @@ def test_garbage_during_an_execution_fails_it_before_closing() -> None:
 def test_transport_close_releases_the_worker_without_a_done() -> None:
     session = started_session()
     actions = session.transport_closed(0.5)
-    assert actions[0] == ReleaseWorker(reusable=False) and isinstance(actions[1], ExecutionEnded) and actions[1].outcome == "abandoned"
+    assert (
+        actions[0] == ReleaseWorker(reusable=False)
+        and isinstance(actions[1], ExecutionEnded)
+        and actions[1].outcome == "abandoned"
+    )
     assert session.worker_finished(finished_ok(), 0.1) == []
 
 
@@ -212,7 +231,9 @@ def test_protocol_invariants_hold_under_random_message_orders(events: list[tuple
             actions = session.receive_text(json.dumps({"type": "cancel", "id": event[1]}).encode(), now)
         elif kind == "result":
             error = {} if event[2] else {"error": {"code": "tool_error", "message": "x"}}
-            actions = session.receive_text(json.dumps({"type": "tool_result", "callId": event[1], "ok": event[2], **error}).encode(), now)
+            actions = session.receive_text(
+                json.dumps({"type": "tool_result", "callId": event[1], "ok": event[2], **error}).encode(), now
+            )
         elif kind == "garbage":
             actions = session.receive_text(b"not json", now)
         elif not worker_busy:
@@ -262,8 +283,15 @@ def test_protocol_invariants_hold_under_random_message_orders(events: list[tuple
 
 def test_limits_above_the_operators_maximum_are_refused() -> None:
     session = Session(max_timeout_ms=1000, max_memory_limit_bytes=1 << 20)
-    (done,) = sent(session.receive_text(execute("slow", options={**OPTIONS, "timeoutMs": 1001, "memoryLimitBytes": 1 << 20}), 0.0))
-    assert done["error"] == {"code": "validation_error", "message": "timeoutMs 1001 exceeds this runner's maximum of 1000"}
+    (done,) = sent(
+        session.receive_text(execute("slow", options={**OPTIONS, "timeoutMs": 1001, "memoryLimitBytes": 1 << 20}), 0.0)
+    )
+    assert done["error"] == {
+        "code": "validation_error",
+        "message": "timeoutMs 1001 exceeds this runner's maximum of 1000",
+    }
     (done,) = sent(session.receive_text(execute("big", options={**OPTIONS, "memoryLimitBytes": (1 << 20) + 1}), 0.0))
     assert done["error"]["code"] == "validation_error" and "memoryLimitBytes" in done["error"]["message"]
-    assert sent(session.receive_text(execute("fits", options={**OPTIONS, "timeoutMs": 1000, "memoryLimitBytes": 1 << 20}), 0.0)) == [{"type": "started", "id": "fits"}]
+    assert sent(
+        session.receive_text(execute("fits", options={**OPTIONS, "timeoutMs": 1000, "memoryLimitBytes": 1 << 20}), 0.0)
+    ) == [{"type": "started", "id": "fits"}]

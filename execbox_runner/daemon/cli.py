@@ -10,6 +10,7 @@ import ssl
 import sys
 
 import trio
+from execbox_runner_conformance.harness import run_transcript, summary
 
 from .. import __version__
 from . import config, logs
@@ -17,15 +18,24 @@ from .server import ConfigurationError, Daemon, host_report
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="execbox-runner", description="An execbox runner daemon: runs guest JavaScript for remote hosts over WebSocket.")
+    parser = argparse.ArgumentParser(
+        prog="execbox-runner",
+        description="An execbox runner daemon: runs guest JavaScript for remote hosts over WebSocket.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="serve ws://HOST:PORT/ until SIGINT or SIGTERM")
     config.add_arguments(serve_parser)
-    replay_parser = commands.add_parser("replay", help="play recorded sessions' host side against a runner and report differences")
-    replay_parser.add_argument("files", nargs="+", metavar="FILE", help="recorded transcripts (*.jsonl from --record-dir)")
+    replay_parser = commands.add_parser(
+        "replay", help="play recorded sessions' host side against a runner and report differences"
+    )
+    replay_parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="recorded transcripts (*.jsonl from --record-dir)"
+    )
     replay_parser.add_argument("--url", required=True, help="the runner to replay against, ws://HOST:PORT/")
-    replay_parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each expected runner message")
+    replay_parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for each expected runner message"
+    )
     info_parser = commands.add_parser("info", help="report what this host can enforce for these settings")
     info_parser.add_argument("--json", action="store_true", help="machine-readable output")
     config.add_arguments(info_parser)
@@ -34,8 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _replay(files: list[str], url: str, timeout: float) -> int:
     """Replay with the conformance harness: one PASS/FAIL line per file, then the totals."""
-    from execbox_runner_conformance.harness import run_transcript, summary
-
     results = [run_transcript(url, path, timeout=timeout) for path in files]
     for result in results:
         print(result.line())
@@ -50,7 +58,9 @@ def _info(settings: config.Settings, as_json: bool) -> int:
         return 0
     print(f"execbox-runner {report['version']} on Python {report['python']} ({report['machine']})")
     print(f"profile: {report['profile']}")
-    print(f"interrupting running guests: {'yes' if report['interrupt_running_guests'] else 'no (unresponsive workers are killed)'}")
+    print(
+        f"interrupting running guests: {'yes' if report['interrupt_running_guests'] else 'no (unresponsive workers are killed)'}"
+    )
     for name, state in report["protections"].items():  # type: ignore[attr-defined]
         status = "enforced" if state["enforced"] else ("NOT ENFORCEABLE" if state["requested"] else "off")
         print(f"  {name:<20} {status}")
@@ -68,7 +78,9 @@ async def _serve_until_signalled(daemon: Daemon) -> None:
             scheme = "wss" if daemon.tls is not None else "ws"
             print(f"execbox-runner listening on {scheme}://{shown}:{port}/", flush=True)
             async for signum in signals:
-                logging.getLogger("execbox_runner").info("received %s, draining (up to %g s)", signal.Signals(signum).name, settings.drain_grace)
+                logging.getLogger("execbox_runner").info(
+                    "received %s, draining (up to %g s)", signal.Signals(signum).name, settings.drain_grace
+                )
                 await daemon.drain()
                 nursery.cancel_scope.cancel()
                 break
@@ -94,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         exc: BaseException = group
         while isinstance(exc, BaseExceptionGroup):
             exc = exc.exceptions[0]
-        print(f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        print(
+            f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}",
+            file=sys.stderr,
+        )
         status = 1
     except* KeyboardInterrupt:
         pass  # a second signal while stopping: we are stopping anyway

@@ -97,7 +97,11 @@ def _parse_bool(text: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help=f"TOML file of settings (keys as below, e.g. max_sessions = 64); flags and environment variables win over it (env {ENV_PREFIX}CONFIG)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"TOML file of settings (keys as below, e.g. max_sessions = 64); flags and environment variables win over it (env {ENV_PREFIX}CONFIG)",
+    )
     for field in fields(Settings):
         env = ENV_PREFIX + field.name.upper()
         kind = _parse_bool if isinstance(field.default, bool) else type(field.default)
@@ -125,10 +129,9 @@ def _from_file(path: str) -> dict[str, Any]:
         if name not in known:
             raise SystemExit(f"config file {path}: unknown setting {key!r}")
         kind = type(known[name].default)
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise SystemExit(f"config file {path}: {key} must be {kind.__name__}, not {type(value).__name__}")
+        given = float(value) if kind is float and isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(given, kind) or (kind is int and isinstance(given, bool)):
+            raise SystemExit(f"config file {path}: {key} must be {kind.__name__}, not {type(given).__name__}")
         if name in CHOICES and value not in CHOICES[name]:
             raise SystemExit(f"config file {path}: {key} must be one of {', '.join(CHOICES[name])}")
         values[name] = value
@@ -152,5 +155,7 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
             except ValueError:
                 raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r}") from None
             if field.name in CHOICES and values[field.name] not in CHOICES[field.name]:
-                raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r} (choose from {', '.join(CHOICES[field.name])})")
+                raise SystemExit(
+                    f"invalid {ENV_PREFIX + field.name.upper()}: {env!r} (choose from {', '.join(CHOICES[field.name])})"
+                )
     return Settings(**values)

@@ -22,11 +22,6 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from ..protocol import ipc
-from . import endpoints, logs
-from .config import Settings
-from .endpoints import DaemonState
-from .pool import Worker, WorkerLost, WorkerPool
-from .records import Recorder
 from ..protocol.session import (
     Action,
     CloseTransport,
@@ -38,6 +33,11 @@ from ..protocol.session import (
     Session,
     StartRun,
 )
+from . import endpoints, logs
+from .config import Settings
+from .endpoints import DaemonState
+from .pool import Worker, WorkerLost, WorkerPool
+from .records import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,15 @@ CLOSE_NORMAL: Final = 1000
 
 
 class Connection:
-    def __init__(self, stream: trio.abc.Stream, pool: WorkerPool, settings: Settings, state: DaemonState, peer: str = "", record_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        pool: WorkerPool,
+        settings: Settings,
+        state: DaemonState,
+        peer: str = "",
+        record_dir: Path | None = None,
+    ) -> None:
         self.stream = stream
         self.peer = peer
         self.recorder = Recorder(record_dir, peer) if record_dir is not None else None

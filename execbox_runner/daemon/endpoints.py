@@ -46,7 +46,14 @@ class DaemonState:
 
 def _json(status: int, reason: str, body: dict[str, object], extra: list[tuple[str, str]] | None = None) -> Response:
     data = json.dumps(body).encode()
-    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(data))), ("Cache-Control", "no-store"), *(extra or [])])
+    headers = Headers(
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(data))),
+            ("Cache-Control", "no-store"),
+            *(extra or []),
+        ]
+    )
     return Response(status, reason, headers, data)
 
 
@@ -64,17 +71,43 @@ def route(request: Request, state: DaemonState) -> Response | None:
     """The response to a non-session request or a refused handshake; None to accept a session."""
     path = request.path.split("?", 1)[0]
     if path == "/healthz":
-        return _json(200, "OK", {"status": "alive", "sessions": state.sessions, "draining": state.draining, "protections": state.report.get("protections")})
+        return _json(
+            200,
+            "OK",
+            {
+                "status": "alive",
+                "sessions": state.sessions,
+                "draining": state.draining,
+                "protections": state.report.get("protections"),
+            },
+        )
     if path == "/metrics" and state.metrics is not None:
         body = state.metrics.render()
-        return Response(200, "OK", Headers([("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]), body)
+        return Response(
+            200,
+            "OK",
+            Headers(
+                [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")]
+            ),
+            body,
+        )
     if path == "/readyz":
         if state.ready:
             return _json(200, "OK", {"status": "ready"})
-        return _json(503, "Service Unavailable", {"status": "draining" if state.draining else "starting"}, [("Retry-After", str(RETRY_AFTER_S))])
+        return _json(
+            503,
+            "Service Unavailable",
+            {"status": "draining" if state.draining else "starting"},
+            [("Retry-After", str(RETRY_AFTER_S))],
+        )
     if state.tokens and not _authorized(request.headers.get("Authorization", ""), state.tokens):
         state.refused["unauthorized"] += 1
-        return _json(401, "Unauthorized", {"error": "unauthorized", "message": "a valid bearer token is required"}, [("WWW-Authenticate", 'Bearer realm="execbox-runner"')])
+        return _json(
+            401,
+            "Unauthorized",
+            {"error": "unauthorized", "message": "a valid bearer token is required"},
+            [("WWW-Authenticate", 'Bearer realm="execbox-runner"')],
+        )
     origin = request.headers.get("Origin")
     if state.allowed_origins and origin is not None and origin not in state.allowed_origins:
         state.refused["origin"] += 1
@@ -83,5 +116,11 @@ def route(request: Request, state: DaemonState) -> Response | None:
     if refusal is None:
         return None
     state.refused[refusal] += 1
-    message = "the runner is shutting down" if refusal == "draining" else f"the runner is at its maximum of {state.max_sessions} concurrent sessions"
-    return _json(503, "Service Unavailable", {"error": refusal, "message": message}, [("Retry-After", str(RETRY_AFTER_S))])
+    message = (
+        "the runner is shutting down"
+        if refusal == "draining"
+        else f"the runner is at its maximum of {state.max_sessions} concurrent sessions"
+    )
+    return _json(
+        503, "Service Unavailable", {"error": refusal, "message": message}, [("Retry-After", str(RETRY_AFTER_S))]
+    )

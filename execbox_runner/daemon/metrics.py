@@ -18,7 +18,24 @@ from prometheus_client.registry import Collector
 from ..protocol.session import ExecutionEnded
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LATENCY_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 
 
 class _Live(Collector):
@@ -35,8 +52,12 @@ class _Live(Collector):
         workers.add_metric(["busy"], state["busy_workers"])  # type: ignore[arg-type]
         workers.add_metric(["starting"], state["starting_workers"])  # type: ignore[arg-type]
         yield workers
-        yield CounterMetricFamily("execbox_worker_restarts", "Worker processes that exited and were replaced.", value=state["worker_exits"])  # type: ignore[arg-type]
-        refused = CounterMetricFamily("execbox_rejected_handshakes", "Handshakes refused, by reason.", labels=["reason"])
+        yield CounterMetricFamily(
+            "execbox_worker_restarts", "Worker processes that exited and were replaced.", value=state["worker_exits"]
+        )  # type: ignore[arg-type]
+        refused = CounterMetricFamily(
+            "execbox_rejected_handshakes", "Handshakes refused, by reason.", labels=["reason"]
+        )
         for reason, count in state["refused"].items():  # type: ignore[attr-defined]
             refused.add_metric([reason], count)
         yield refused
@@ -46,10 +67,25 @@ class _Live(Collector):
 class Metrics:
     def __init__(self, read_state: Callable[[], dict[str, object]]) -> None:
         self.registry = CollectorRegistry()
-        self.executions = Counter("execbox_executions", "Executions by outcome (ok, error, abandoned) and error code.", ["outcome", "code"], registry=self.registry)
-        self.duration = Histogram("execbox_execution_duration_seconds", "Execution wall time, started to done.", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.executions = Counter(
+            "execbox_executions",
+            "Executions by outcome (ok, error, abandoned) and error code.",
+            ["outcome", "code"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "execbox_execution_duration_seconds",
+            "Execution wall time, started to done.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.tool_calls = Counter("execbox_tool_calls", "Tool calls sent to hosts.", registry=self.registry)
-        self.tool_latency = Histogram("execbox_tool_call_duration_seconds", "From a tool_call to its tool_result.", buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.tool_latency = Histogram(
+            "execbox_tool_call_duration_seconds",
+            "From a tool_call to its tool_result.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_Live(read_state))
 
     def execution_ended(self, record: ExecutionEnded) -> None:

@@ -119,7 +119,9 @@ class ZygoteClient:
             assert self._control is not None
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                await self._control.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
+                await self._control.sendmsg(
+                    [b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))]
+                )
                 answer = b""
                 while len(answer) < ipc.FORKED.size:
                     chunk = await self._control.recv(ipc.FORKED.size - len(answer))
@@ -148,7 +150,9 @@ class ZygoteClient:
 class WorkerPool:
     """Hands out idle workers and keeps enough of them warm."""
 
-    def __init__(self, *, warm: int, max_workers: int, max_executions: int, max_frame: int, worker_args: list[str]) -> None:
+    def __init__(
+        self, *, warm: int, max_workers: int, max_executions: int, max_frame: int, worker_args: list[str]
+    ) -> None:
         # A worker start (fork, confinement, first runtime) costs milliseconds of CPU: under
         # a burst, starting one per waiting execution at once would starve the executions
         # of the CPU they wait for.
@@ -192,7 +196,11 @@ class WorkerPool:
     def _top_up(self) -> None:
         assert self._nursery is not None
         demand = self.warm + len(self._waiters)
-        while len(self.idle) + self.starting < demand and len(self.workers) + self.starting < self.max_workers and self.starting < self.max_starting:
+        while (
+            len(self.idle) + self.starting < demand
+            and len(self.workers) + self.starting < self.max_workers
+            and self.starting < self.max_starting
+        ):
             self.starting += 1
             self._nursery.start_soon(self._spawn)
 

@@ -76,7 +76,15 @@ class Recorder:
         self.steps.append({"runner_close": {"code": code}})
 
     def execution_ended(self, record: ExecutionEnded) -> None:
-        self.executions.append({"id": record.id, "outcome": record.outcome, "code": record.code, "duration_ms": round(record.duration_s * 1000, 3), "tool_calls": record.tool_calls})
+        self.executions.append(
+            {
+                "id": record.id,
+                "outcome": record.outcome,
+                "code": record.code,
+                "duration_ms": round(record.duration_s * 1000, 3),
+                "tool_calls": record.tool_calls,
+            }
+        )
 
     def _pause(self) -> None:
         now = time.monotonic()

@@ -46,7 +46,14 @@ def host_report(settings: Settings) -> dict[str, object]:
 
 
 def worker_arguments(settings: Settings) -> list[str]:
-    args = ["--max-memory", str(settings.max_memory_limit_bytes), "--max-timeout", str(settings.max_timeout_ms / 1000), "--max-output", str(settings.max_output_bytes)]
+    args = [
+        "--max-memory",
+        str(settings.max_memory_limit_bytes),
+        "--max-timeout",
+        str(settings.max_timeout_ms / 1000),
+        "--max-output",
+        str(settings.max_output_bytes),
+    ]
     return args if settings.sandbox else [*args, "--no-sandbox"]
 
 
@@ -96,7 +103,9 @@ class Daemon:
         self.settings = settings
         self.tokens = accepted_tokens(settings)
         if not self.tokens and not is_loopback(settings.host) and not settings.allow_unauthenticated:
-            raise ConfigurationError(f"refusing to serve {settings.host} without authentication: configure --tokens-file (or --tokens), or pass --allow-unauthenticated true")
+            raise ConfigurationError(
+                f"refusing to serve {settings.host} without authentication: configure --tokens-file (or --tokens), or pass --allow-unauthenticated true"
+            )
         self.tls = tls_context(settings)
         self.pool = WorkerPool(
             warm=settings.warm_workers,
@@ -112,7 +121,9 @@ class Daemon:
             max_sessions=settings.max_sessions,
             report=self.report,
             tokens=self.tokens,
-            allowed_origins=frozenset(origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()),
+            allowed_origins=frozenset(
+                origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()
+            ),
         )
         self.state.metrics = Metrics(self._live_state)
         self.connections: set[Connection] = set()
@@ -133,7 +144,9 @@ class Daemon:
         for warning in self.report["warnings"]:  # type: ignore[attr-defined]
             log.warning(warning)
         if not native.SUPPORTED:
-            log.warning("cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed")
+            log.warning(
+                "cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed"
+            )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pool.run)
             self.state.pool_ready = True

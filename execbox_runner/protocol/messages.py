@@ -171,7 +171,11 @@ def decode_host(data: bytes | str) -> HostMessage:
     kind: Literal["type", "schema"] = "schema"
     if not isinstance(value, dict) or value.get("type") not in _HOST_TYPES:
         kind = "type"
-        detail = f"unknown message type: {value.get('type')!r}" if isinstance(value, dict) else "a message must be a JSON object"
+        detail = (
+            f"unknown message type: {value.get('type')!r}"
+            if isinstance(value, dict)
+            else "a message must be a JSON object"
+        )
     execute_id = None
     if kind == "schema" and value["type"] == "execute" and isinstance(value.get("id"), str):
         execute_id = value["id"]

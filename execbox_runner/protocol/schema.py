@@ -17,7 +17,9 @@ from .messages import ERROR_CODES, HostMessage, RunnerMessage
 
 
 def protocol_schema() -> dict[str, Any]:
-    (host, runner), components = msgspec.json.schema_components([HostMessage, RunnerMessage], ref_template="#/$defs/{name}")
+    (host, runner), components = msgspec.json.schema_components(
+        [HostMessage, RunnerMessage], ref_template="#/$defs/{name}"
+    )
     host["description"] = "A message from the host to the runner (one JSON text frame)."
     runner["description"] = "A message from the runner to the host (one JSON text frame)."
     return {

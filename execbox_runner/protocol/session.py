@@ -172,7 +172,9 @@ class Session:
     def receive_binary(self, now: float) -> list[Action]:
         if self.phase is Phase.CLOSED:
             return []
-        return self._fail_and_close(now, CLOSE_UNSUPPORTED_DATA, "binary frames are not supported; send JSON text frames")
+        return self._fail_and_close(
+            now, CLOSE_UNSUPPORTED_DATA, "binary frames are not supported; send JSON text frames"
+        )
 
     def transport_closed(self, now: float) -> list[Action]:
         """The host went away: the execution ends without a ``done``."""
@@ -188,9 +190,17 @@ class Session:
             return _rejected(message.id, "internal_error", ALREADY_ACTIVE_MESSAGE)
         options = message.options
         if options.timeoutMs > self.max_timeout_ms:
-            return _rejected(message.id, "validation_error", f"timeoutMs {options.timeoutMs:g} exceeds this runner's maximum of {self.max_timeout_ms:g}")
+            return _rejected(
+                message.id,
+                "validation_error",
+                f"timeoutMs {options.timeoutMs:g} exceeds this runner's maximum of {self.max_timeout_ms:g}",
+            )
         if options.memoryLimitBytes > self.max_memory_limit_bytes:
-            return _rejected(message.id, "validation_error", f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}")
+            return _rejected(
+                message.id,
+                "validation_error",
+                f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
+            )
         deadline = now + options.timeoutMs / 1000
         providers = [(p.name, [t.safeName for t in p.tools.values()]) for p in message.providers]
         self._exec = _Execution(
@@ -245,7 +255,9 @@ class Session:
         """A frame nobody can act on: fail the active execution, then close."""
         actions: list[Action] = []
         if self._exec is not None:
-            actions = self._conclude(now, ReleaseWorker(reusable=False), "validation_error", f"Protocol error: {reason}")
+            actions = self._conclude(
+                now, ReleaseWorker(reusable=False), "validation_error", f"Protocol error: {reason}"
+            )
         self.phase = Phase.CLOSED
         actions.append(CloseTransport(code, _close_reason(reason)))
         return actions
@@ -270,7 +282,9 @@ class Session:
             ex.issued.add(call_id)
             call = f"call-{call_id}"
             ex.pending[call] = (call_id, now)
-            actions.append(SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input))))
+            actions.append(
+                SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input)))
+            )
         return actions
 
     def worker_finished(self, message: ipc.Finished, now: float) -> list[Action]:
@@ -324,7 +338,14 @@ class Session:
     def _finish_timeout(self, now: float, release: ReleaseWorker) -> list[Action]:
         return self._conclude(now, release, "timeout", TIMEOUT_MESSAGE)
 
-    def _conclude(self, now: float, release: ReleaseWorker, code: ErrorCode | None = None, message: str = "", result: Raw | UnsetType = UNSET) -> list[Action]:
+    def _conclude(
+        self,
+        now: float,
+        release: ReleaseWorker,
+        code: ErrorCode | None = None,
+        message: str = "",
+        result: Raw | UnsetType = UNSET,
+    ) -> list[Action]:
         """The one way an accepted execution ends: its ``done`` (a result, or ``code``
         and ``message``), the worker released, the record of it, and, when the daemon
         is shutting down, the close that follows."""
@@ -333,9 +354,19 @@ class Session:
         if code is None:
             done = Done(id=ex.id, ok=True, durationMs=_elapsed_ms(ex, now), logs=ex.logs, result=result)
         else:
-            done = Done(id=ex.id, ok=False, durationMs=_elapsed_ms(ex, now), logs=ex.logs, error=ErrorInfo(code=code, message=message))
+            done = Done(
+                id=ex.id,
+                ok=False,
+                durationMs=_elapsed_ms(ex, now),
+                logs=ex.logs,
+                error=ErrorInfo(code=code, message=message),
+            )
         self._end()
-        actions: list[Action] = [SendToHost(encode(done)), release, _record(ex, now, "ok" if code is None else "error", code)]
+        actions: list[Action] = [
+            SendToHost(encode(done)),
+            release,
+            _record(ex, now, "ok" if code is None else "error", code),
+        ]
         if self._shutting_down:
             self.phase = Phase.CLOSED
             actions.append(CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE))

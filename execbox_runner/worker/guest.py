@@ -174,7 +174,14 @@ class GuestRun:
             return self._engine_failure(exc)
         after = self.step()
         if isinstance(after, ipc.Finished):
-            return ipc.Finished(ok=after.ok, result=after.result, code=after.code, message=after.message, logs=logs + after.logs, recycle=after.recycle)
+            return ipc.Finished(
+                ok=after.ok,
+                result=after.result,
+                code=after.code,
+                message=after.message,
+                logs=logs + after.logs,
+                recycle=after.recycle,
+            )
         return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
 
     def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
@@ -268,7 +275,16 @@ class GuestRun:
         except (quickjs.JSException, msgspec.DecodeError):
             return []
 
-    def _finish(self, ok: bool, result: bytes | None, code: ErrorCode | None, message: str, logs: list[str], *, recycle: bool = False) -> ipc.Finished:
+    def _finish(
+        self,
+        ok: bool,
+        result: bytes | None,
+        code: ErrorCode | None,
+        message: str,
+        logs: list[str],
+        *,
+        recycle: bool = False,
+    ) -> ipc.Finished:
         recycle = recycle or code in ("timeout", "memory_limit")
         self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs, recycle=recycle)
         return self.finished

@@ -126,7 +126,7 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_to_worker(sock: socket.socket) -> ToWorker:
+def recv_to_worker(sock: socket.socket) -> ipc.ToWorker:
     (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
     return ipc.to_worker_decoder.decode(recv_exactly(sock, length))
 
@@ -158,7 +158,10 @@ def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> in
     with socket.socket(fileno=fd) as sock:
         limits = None
         if not args.no_sandbox:
-            limits = sandbox.Limits(address_space_bytes=address_space(args.max_memory, args.max_output), cpu_seconds=int(args.max_timeout + CPU_SLACK_S))
+            limits = sandbox.Limits(
+                address_space_bytes=address_space(args.max_memory, args.max_output),
+                cpu_seconds=int(args.max_timeout + CPU_SLACK_S),
+            )
         try:
             Worker(sock, limits, probe=args.probe).serve(runtime)
         except (EOFError, BrokenPipeError, ConnectionResetError):

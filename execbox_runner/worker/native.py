@@ -63,7 +63,7 @@ def _load_library() -> ctypes.CDLL | None:
     if sys.maxsize != 2**63 - 1:
         return None
     try:
-        import _quickjs
+        import _quickjs  # noqa: PLC0415 - a missing extension module means no native access, not an error
 
         lib = ctypes.CDLL(_quickjs.__file__)
         lib.JS_GetRuntime.restype = ctypes.c_void_p

@@ -82,7 +82,7 @@ def normalize(code: str) -> Program:
 
     last = statements[-1]
     if len(statements) == 1:
-        if last.type == "function_declaration" or last.type == "generator_function_declaration":
+        if last.type in {"function_declaration", "generator_function_declaration"}:
             name = last.child_by_field_name("name")
             if name is not None:
                 return Program(body=source + "\nreturn " + text(name) + "();")

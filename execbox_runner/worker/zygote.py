@@ -26,10 +26,12 @@ import os
 import signal
 import socket
 import sys
+
 from ..protocol import ipc
 from . import loop, sandbox
 from .guest import fresh_runtime
 from .normalize import normalize
+
 
 def serve(control: socket.socket, args: argparse.Namespace) -> None:
     """Fork a worker for each request until the daemon closes the control socket."""
