@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trio.run(_serve_until_signalled, daemon)
     except* OSError as group:  # e.g. the port is taken
-        exc: BaseException = group
-        while isinstance(exc, BaseExceptionGroup):
-            exc = exc.exceptions[0]
+        cause: BaseException = group
+        while isinstance(cause, BaseExceptionGroup):
+            cause = cause.exceptions[0]
         print(
-            f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(exc, 'strerror', None) or exc}",
+            f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(cause, 'strerror', None) or cause}",
             file=sys.stderr,
         )
         status = 1

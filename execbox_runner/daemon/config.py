@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -138,9 +139,10 @@ def _from_file(path: str) -> dict[str, Any]:
     return values
 
 
-def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
     """Settings from flags, then environment variables, then the TOML file, then defaults."""
-    environ = os.environ if environ is None else environ
+    if environ is None:
+        environ = os.environ
     config_file = getattr(args, "config", None) or environ.get(ENV_PREFIX + "CONFIG")
     values: dict[str, Any] = _from_file(config_file) if config_file else {}
     for field in fields(Settings):
@@ -151,7 +153,8 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         env = environ.get(ENV_PREFIX + field.name.upper())
         if env is not None:
             try:
-                values[field.name] = _parse_bool(env) if isinstance(field.default, bool) else type(field.default)(env)
+                parse: Callable[[str], object] = _parse_bool if isinstance(field.default, bool) else type(field.default)
+                values[field.name] = parse(env)
             except ValueError:
                 raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r}") from None
             if field.name in CHOICES and values[field.name] not in CHOICES[field.name]:

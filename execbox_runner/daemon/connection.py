@@ -183,7 +183,8 @@ class Connection:
             else:
                 self.ws.receive_eof()
             for event in self.ws.events_received():
-                await self._frame(event)
+                if isinstance(event, Frame):  # the handshake is over: nothing else follows
+                    await self._frame(event)
             await self._flush()  # pongs, close replies, close on protocol errors
             if not data or self.ws.state is State.CLOSED:
                 return
@@ -193,21 +194,22 @@ class Connection:
     async def _frame(self, frame: Frame) -> None:
         now = trio.current_time()
         opcode = frame.opcode
+        payload = bytes(frame.data)  # already bytes from the parser: no copy
         if opcode is Opcode.TEXT:
             if frame.fin:
-                self._record_host(frame.data)
-                await self._perform(self.session.receive_text(frame.data, now))
+                self._record_host(payload)
+                await self._perform(self.session.receive_text(payload, now))
             else:
-                self._fragments = [frame.data]
+                self._fragments = [payload]
         elif opcode is Opcode.CONT and self._fragments is not None:
-            self._fragments.append(frame.data)
+            self._fragments.append(payload)
             if frame.fin:
                 data, self._fragments = b"".join(self._fragments), None
                 self._record_host(data)
                 await self._perform(self.session.receive_text(data, now))
         elif opcode is Opcode.BINARY:
             if self.recorder is not None:
-                self.recorder.host_binary(frame.data)
+                self.recorder.host_binary(payload)
             await self._perform(self.session.receive_binary(now))
         elif opcode is Opcode.CLOSE and self.recorder is not None and not self._closed_by_us:
             self.recorder.host_close()

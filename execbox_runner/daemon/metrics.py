@@ -9,6 +9,7 @@ has its own registry.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -38,34 +39,47 @@ LATENCY_BUCKETS: Final = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    """What the daemon reports at scrape time."""
+
+    sessions: int
+    idle_workers: int
+    busy_workers: int
+    starting_workers: int
+    worker_exits: int
+    refused: dict[str, int]
+    draining: bool
+
+
 class _Live(Collector):
     """Gauges and counters read from the daemon's state when scraped."""
 
-    def __init__(self, read: Callable[[], dict[str, object]]) -> None:
+    def __init__(self, read: Callable[[], LiveState]) -> None:
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
         state = self.read()
-        yield GaugeMetricFamily("execbox_active_sessions", "Open WebSocket sessions.", value=state["sessions"])  # type: ignore[arg-type]
+        yield GaugeMetricFamily("execbox_active_sessions", "Open WebSocket sessions.", value=state.sessions)
         workers = GaugeMetricFamily("execbox_pool_workers", "Worker processes by state.", labels=["state"])
-        workers.add_metric(["idle"], state["idle_workers"])  # type: ignore[arg-type]
-        workers.add_metric(["busy"], state["busy_workers"])  # type: ignore[arg-type]
-        workers.add_metric(["starting"], state["starting_workers"])  # type: ignore[arg-type]
+        workers.add_metric(["idle"], state.idle_workers)
+        workers.add_metric(["busy"], state.busy_workers)
+        workers.add_metric(["starting"], state.starting_workers)
         yield workers
         yield CounterMetricFamily(
-            "execbox_worker_restarts", "Worker processes that exited and were replaced.", value=state["worker_exits"]
-        )  # type: ignore[arg-type]
+            "execbox_worker_restarts", "Worker processes that exited and were replaced.", value=state.worker_exits
+        )
         refused = CounterMetricFamily(
             "execbox_rejected_handshakes", "Handshakes refused, by reason.", labels=["reason"]
         )
-        for reason, count in state["refused"].items():  # type: ignore[attr-defined]
+        for reason, count in state.refused.items():
             refused.add_metric([reason], count)
         yield refused
-        yield GaugeMetricFamily("execbox_draining", "1 while the daemon drains.", value=1 if state["draining"] else 0)
+        yield GaugeMetricFamily("execbox_draining", "1 while the daemon drains.", value=1 if state.draining else 0)
 
 
 class Metrics:
-    def __init__(self, read_state: Callable[[], dict[str, object]]) -> None:
+    def __init__(self, read_state: Callable[[], LiveState]) -> None:
         self.registry = CollectorRegistry()
         self.executions = Counter(
             "execbox_executions",

@@ -23,7 +23,7 @@ from ..worker import native, sandbox
 from .config import Settings
 from .connection import Connection
 from .endpoints import DaemonState
-from .metrics import Metrics
+from .metrics import LiveState, Metrics
 from .pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -128,17 +128,17 @@ class Daemon:
         self.state.metrics = Metrics(self._live_state)
         self.connections: set[Connection] = set()
 
-    def _live_state(self) -> dict[str, object]:
+    def _live_state(self) -> LiveState:
         pool = self.pool
-        return {
-            "sessions": self.state.sessions,
-            "idle_workers": len(pool.idle),
-            "busy_workers": len(pool.workers) - len(pool.idle),
-            "starting_workers": pool.starting,
-            "worker_exits": pool.exits,
-            "refused": dict(self.state.refused),
-            "draining": self.state.draining,
-        }
+        return LiveState(
+            sessions=self.state.sessions,
+            idle_workers=len(pool.idle),
+            busy_workers=len(pool.workers) - len(pool.idle),
+            starting_workers=pool.starting,
+            worker_exits=pool.exits,
+            refused=dict(self.state.refused),
+            draining=self.state.draining,
+        )
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         for warning in self.report["warnings"]:  # type: ignore[attr-defined]

@@ -81,8 +81,8 @@ ToWorker: TypeAlias = Run | Settle | Abort
 FromWorker: TypeAlias = ToolCalls | Finished | Ready | Probed
 
 _encoder: Final = msgspec.msgpack.Encoder()
-to_worker_decoder: Final = msgspec.msgpack.Decoder(ToWorker)
-from_worker_decoder: Final = msgspec.msgpack.Decoder(FromWorker)
+to_worker_decoder: Final[msgspec.msgpack.Decoder[ToWorker]] = msgspec.msgpack.Decoder(ToWorker)
+from_worker_decoder: Final[msgspec.msgpack.Decoder[FromWorker]] = msgspec.msgpack.Decoder(FromWorker)
 
 
 def frame(message: ToWorker | FromWorker) -> bytes:

@@ -134,7 +134,7 @@ class Done(Struct, tag="done", tag_field="type", frozen=True):
 
 RunnerMessage: TypeAlias = Started | ToolCall | Done
 
-_host_decoder: Final = msgspec.json.Decoder(HostMessage)
+_host_decoder: Final[msgspec.json.Decoder[HostMessage]] = msgspec.json.Decoder(HostMessage)
 _any_decoder: Final = msgspec.json.Decoder()
 _raw_decoder: Final = msgspec.json.Decoder(Raw)
 _encoder: Final = msgspec.json.Encoder()

@@ -245,10 +245,10 @@ class GuestRun:
             return self._finish(True, result, None, "", logs)
         if status == 2:
             return self._finish(True, None, None, "", logs)
-        code: ErrorCode = msgspec.json.decode(outcome[1], type=ErrorCode)  # type: ignore[arg-type]
+        code: ErrorCode = msgspec.json.decode(outcome[1], type=ErrorCode)
         return self._finish(False, None, code, _str_decoder.decode(outcome[2]), logs)
 
-    def _engine_failure(self, exc: quickjs.JSException) -> ipc.Finished:
+    def _engine_failure(self, exc: quickjs.JSException) -> ipc.ToolCalls | ipc.Finished:
         """An exception that escaped to Python came from the engine, not from guest values.
 
         Guest throws become promise rejections inside the bootstrap; what reaches
