@@ -30,14 +30,17 @@ def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     return process, parent
 
 
-def receive(sock: socket.socket) -> ipc.FromWorker:
+def receive(sock: socket.socket, slot: int = 0) -> ipc.FromWorker:
+    """The worker's next message, which must be for ``slot``."""
     (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-    return ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+    got, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+    assert got == slot
+    return message
 
 
 @pytest.fixture(scope="module")
 def probed() -> Iterator[tuple[ipc.Probed, int]]:
-    process, sock = start_worker("--probe", "--max-memory", str(64 << 20), "--max-timeout", "10")
+    process, sock = start_worker("--probe", "--max-memory", str(64 << 20), "--cpu-seconds", "10")
     with sock:
         report = receive(sock)
     process.wait(timeout=60)
@@ -116,14 +119,15 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
             providers=[("t", ["e"])],
             max_output_bytes=1 << 20,
         )
-        sock.sendall(ipc.frame(run))
-        calls = receive(sock)
+        sock.sendall(ipc.frame(1, run))
+        calls = receive(sock, 1)
         assert isinstance(calls, ipc.ToolCalls) and calls.logs == ["hi"]
-        sock.sendall(ipc.frame(ipc.Settle(call_id=calls.calls[0][0], ok=True, value=b'{"a": 41}')))
-        finished = receive(sock)
+        sock.sendall(ipc.frame(1, ipc.Settle(call_id=calls.calls[0][0], ok=True, value=b'{"a": 41}')))
+        finished = receive(sock, 1)
         assert isinstance(finished, ipc.Finished) and finished.result == b"42"
         sock.sendall(
             ipc.frame(
+                2,
                 ipc.Run(
                     code="const a = []; while (true) a.push(new Array(1000).fill(1))",
                     budget_s=5,
@@ -132,10 +136,10 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
                     max_log_chars=100,
                     providers=[],
                     max_output_bytes=1 << 20,
-                )
+                ),
             )
         )
-        assert receive(sock).code == "memory_limit"
+        assert receive(sock, 2).code == "memory_limit"
     process.wait(timeout=30)
 
 

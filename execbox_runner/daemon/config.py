@@ -27,7 +27,10 @@ class Settings:
     port: int = 8765
     warm_workers: int = max(2, min(os.cpu_count() or 2, 8))
     max_workers: int = 64
-    max_executions_per_worker: int = 1000
+    max_executions_per_worker: int = 100_000
+    worker_capacity: int = 2048
+    worker_threads: int = 16
+    share_workers_across_tokens: bool = False
     max_message_bytes: int = 16 * 1024 * 1024
     max_output_bytes: int = 16 * 1024 * 1024
     max_timeout_ms: int = 300_000
@@ -56,12 +59,15 @@ class Settings:
 CHOICES: dict[str, tuple[str, ...]] = {"profile": ("standard", "hardened"), "log_format": ("json", "text")}
 
 HELP: dict[str, str] = {
-    "profile": "standard: warm workers reused for up to --max-executions-per-worker executions (fresh QuickJS runtime each); hardened: a fresh confined process for every execution",
+    "profile": "standard: confined worker processes each host up to --worker-capacity executions at once (a fresh QuickJS runtime each); hardened: a fresh confined process for every execution",
     "host": "address to listen on",
     "port": "TCP port to listen on (0 picks a free port)",
-    "warm_workers": "idle worker processes kept started ahead of demand",
-    "max_workers": "most worker processes at once; further executions wait for one",
-    "max_executions_per_worker": "executions after which a worker is replaced (0: never)",
+    "warm_workers": "worker processes kept started ahead of demand",
+    "max_workers": "most worker processes at once; further executions wait for room",
+    "max_executions_per_worker": "executions after which a worker takes no more and is replaced (0: never)",
+    "worker_capacity": "most executions one worker process hosts at once (standard profile), each in its own QuickJS runtime",
+    "worker_threads": "runner threads per worker: how many of its executions can run JavaScript at the same moment (parked ones need none)",
+    "share_workers_across_tokens": "let executions authenticated with different tokens share worker processes (off: one set of workers per token)",
     "max_message_bytes": "largest WebSocket message accepted from a host (larger: close 1009)",
     "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
     "max_timeout_ms": "largest timeoutMs an execute may ask for; larger: done validation_error",

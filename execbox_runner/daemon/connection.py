@@ -36,7 +36,7 @@ from ..protocol.session import (
 from . import endpoints, logs
 from .config import Settings
 from .endpoints import DaemonState
-from .pool import Worker, WorkerLost, WorkerPool
+from .pool import Lease, WorkerLost, WorkerPool
 from .records import Recorder
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ class Connection:
             max_timeout_ms=settings.max_timeout_ms,
             max_memory_limit_bytes=settings.max_memory_limit_bytes,
         )
-        self.worker: Worker | None = None
+        self.tenant = ""  # executions of different tenants never share a worker (set at the handshake)
+        self.lease: Lease | None = None
         self._send_lock = trio.Lock()
         self._eof = False
         self._fragments: list[bytes] | None = None  # a text message arriving in pieces
@@ -142,6 +143,7 @@ class Connection:
                         self.ws.send_response(answer)
                         await self._flush()
                         return None
+                    self.tenant = endpoints.tenant(event, self.state)
                     self.ws.send_response(self.ws.accept(event))
                     await self._flush()
                     if self.ws.state is State.OPEN:
@@ -227,7 +229,7 @@ class Connection:
             elif isinstance(action, SendToWorker):
                 await self._to_worker(action.message)
             elif isinstance(action, ReleaseWorker):
-                self._release(action.reusable)
+                self._release()
             elif isinstance(action, CloseTransport):
                 await self._close(action.code, action.reason)
             elif isinstance(action, ExecutionEnded):
@@ -247,7 +249,7 @@ class Connection:
         """Actions that need no I/O (used once the transport is gone)."""
         for action in actions:
             if isinstance(action, ReleaseWorker):
-                self._release(action.reusable)
+                self._release()
             elif isinstance(action, ExecutionEnded):
                 self._observe(action)
 
@@ -302,16 +304,16 @@ class Connection:
     # ------------------------------------------------------------------ worker
 
     async def _execution(self, run: ipc.Run) -> None:
-        """Acquire a worker, send it the run and relay its messages until it finishes."""
-        worker: Worker | None = None
+        """Lease a slot in a worker, send it the run and relay its messages until it finishes."""
+        lease: Lease | None = None
         with trio.CancelScope() as scope:
             self._execution_scope = scope
             self._execution_task = trio.lowlevel.current_task()
             try:
-                worker = self.worker = await self.pool.acquire()
-                await worker.send(run)
-                while self.worker is worker:  # until the session lets the worker go
-                    message = await worker.receive()
+                lease = self.lease = await self.pool.acquire(self.tenant)
+                await lease.send(run)
+                while self.lease is lease:  # until the session lets the slot go
+                    message = await lease.receive()
                     now = trio.current_time()
                     if isinstance(message, ipc.ToolCalls):
                         await self._perform(self.session.worker_tool_calls(message, now))
@@ -320,34 +322,34 @@ class Connection:
             except WorkerLost as exc:
                 await self._perform(self.session.worker_lost(trio.current_time(), str(exc)))
             finally:
-                if scope.cancel_called and worker is not None and self.worker is worker:
-                    # Cancelled between acquiring the worker and the session letting it go.
-                    self.worker = None
-                    self.pool.release(worker, reusable=False)
+                if scope.cancel_called and lease is not None and self.lease is lease:
+                    # Cancelled between leasing the slot and the session letting it go.
+                    self.lease = None
+                    self.pool.release(lease)
 
     async def _to_worker(self, message: ipc.Settle | ipc.Abort) -> None:
-        worker = self.worker
-        if worker is None:
-            # Aborted before a worker was assigned: stop waiting for one.
+        lease = self.lease
+        if lease is None:
+            # Aborted before a slot was leased: stop waiting for one.
             if self._execution_scope is not None:
                 self._execution_scope.cancel()
             await self._perform(self.session.worker_lost(trio.current_time(), "no worker"))
             return
         try:
             with trio.move_on_after(self.settings.send_timeout):
-                await worker.send(message)
+                await lease.send(message)
         except WorkerLost:
             pass  # its reader sees the loss and reports it
 
-    def _release(self, reusable: bool) -> None:
-        worker, self.worker = self.worker, None
+    def _release(self) -> None:
+        lease, self.lease = self.lease, None
         # Another task (timer, host frame) stops the relay; the relay itself just
         # returns after finishing its own actions, which must not be cut short.
         if self._execution_scope is not None and trio.lowlevel.current_task() is not self._execution_task:
             self._execution_scope.cancel()
         self._execution_scope = None
-        if worker is not None:
-            self.pool.release(worker, reusable)
+        if lease is not None:
+            self.pool.release(lease)
 
     # ------------------------------------------------------------------ timer
 

@@ -33,6 +33,7 @@ class DaemonState:
     report: dict[str, object]
     tokens: tuple[bytes, ...] = ()  # accepted bearer tokens; empty: no authentication
     allowed_origins: frozenset[str] = frozenset()  # empty: any Origin
+    share_workers: bool = False  # executions of different tokens may share worker processes
     metrics: Metrics | None = None
     sessions: int = 0
     draining: bool = False
@@ -59,12 +60,27 @@ def _json(status: int, reason: str, body: dict[str, object], extra: list[tuple[s
 
 def _authorized(header: str, tokens: tuple[bytes, ...]) -> bool:
     """Whether ``header`` carries one of ``tokens``; compares with every token, in constant time."""
-    scheme, _, candidate = header.partition(" ")
-    presented = candidate.strip().encode()
+    scheme = header.partition(" ")[0]
+    presented = _presented(header)
     matched = False
     for token in tokens:
         matched |= hmac.compare_digest(presented, token)
     return scheme.lower() == "bearer" and matched
+
+
+def _presented(header: str) -> bytes:
+    return header.partition(" ")[2].strip().encode()
+
+
+def tenant(request: Request, state: DaemonState) -> str:
+    """Whose workers an accepted session's executions run in: one set per token, unless shared."""
+    if state.share_workers or not state.tokens:
+        return ""
+    presented = _presented(request.headers.get("Authorization", ""))
+    for index, token in enumerate(state.tokens):
+        if hmac.compare_digest(presented, token):
+            return f"token-{index}"
+    return ""
 
 
 def route(request: Request, state: DaemonState) -> Response | None:

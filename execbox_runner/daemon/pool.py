@@ -1,12 +1,22 @@
-"""A warm pool of worker processes, owned by the daemon's trio nursery.
+"""The worker processes, owned by the daemon's trio nursery, and the leases on them.
 
-Workers are forked by the zygote (``zygote.py``) ahead of demand: the pool
-keeps ``warm`` idle workers ready, confined and with a runtime prepared, and
-grows on demand up to ``max_workers``. An execution holds its worker until it
-ends; a worker that crashed, was killed, timed out, ran out of memory or
-reached ``max_executions`` (1 in the hardened profile) is discarded and
-replaced, never handed out again. Workers are followed through pidfds: they
-are the zygote's children, and a pidfd cannot signal a recycled ipc.FORKED.
+Workers are forked by the zygote (``worker/zygote.py``) ahead of demand. A
+worker hosts many executions at once, each in its own QuickJS runtime: an
+execution holds a ``Lease`` (a slot in one worker), not a process, so an
+execution parked on a slow tool costs a runtime's memory and nothing else.
+``acquire`` picks the least-loaded live worker of the execution's tenant (the
+token that authenticated it: tenants never share a process unless the
+operator allows it) and starts another worker when all are full.
+
+One relay task per worker reads its channel and routes each frame to the
+lease of its slot. When a worker dies, every execution it held learns at
+once (``WorkerLost``) and the pool replaces it. A lease given up before its
+execution finished (timeout, cancel, host gone) is abandoned: the worker is
+told to abort it and gets ``abandon_grace`` to comply before it is killed.
+A worker that sends anything malformed is killed. Workers are retired after
+``lifetime`` executions (1 in the hardened profile: a fresh process each).
+Workers are followed through pidfds: they are the zygote's children, and a
+pidfd cannot signal a recycled PID.
 """
 
 from __future__ import annotations
@@ -26,6 +36,10 @@ import trio
 from ..protocol import ipc
 
 READY_TIMEOUT_S: Final = 30.0
+# Messages a lease may have waiting before its worker is judged to be flooding.
+LEASE_BACKLOG: Final = 4096
+# A tenant's worker with no execution for this long is stopped (the default tenant keeps its warm ones).
+TENANT_IDLE_S: Final = 30.0
 
 
 class WorkerLost(Exception):
@@ -33,25 +47,36 @@ class WorkerLost(Exception):
 
 
 class Worker:
-    """One worker process and its channel."""
+    """One worker process, its channel and the executions it hosts."""
 
-    def __init__(self, pidfd: int, stream: trio.SocketStream, max_frame: int) -> None:
+    def __init__(self, pidfd: int, stream: trio.SocketStream, max_frame: int, tenant: str) -> None:
         self.pidfd = pidfd
         self.stream = stream
         self.max_frame = max_frame
-        self.executions = 0
+        self.tenant = tenant
+        self.leases: dict[int, Lease] = {}
+        self.started = 0  # executions given to this worker over its life
+        self.retiring = False  # takes no new executions; stopped once its last one ends
         self.alive = True
+        self.idle_since = trio.current_time()
+        self._next_slot = 0
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
 
-    async def send(self, message: ipc.ToWorker) -> None:
+    def lease(self) -> Lease:
+        self._next_slot += 1
+        lease = self.leases[self._next_slot] = Lease(self, self._next_slot)
+        self.started += 1
+        return lease
+
+    async def send(self, slot: int, message: ipc.ToWorker) -> None:
         async with self._send_lock:
             try:
-                await self.stream.send_all(ipc.frame(message))
+                await self.stream.send_all(ipc.frame(slot, message))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 raise WorkerLost(str(exc)) from None
 
-    async def receive(self) -> ipc.FromWorker:
+    async def receive(self) -> tuple[int, ipc.FromWorker]:
         header = await self._read(ipc.HEADER.size)
         (length,) = ipc.HEADER.unpack(header)
         if length > self.max_frame:
@@ -86,6 +111,35 @@ class Worker:
     async def exited(self) -> None:
         """Return once the process has exited (it need not be our child)."""
         await trio.lowlevel.wait_readable(self.pidfd)
+
+
+class Lease:
+    """One execution's slot in a worker, and the worker's messages for it."""
+
+    def __init__(self, worker: Worker, slot: int) -> None:
+        self.worker = worker
+        self.slot = slot
+        self.finished = False  # the worker has sent this slot's Finished
+        self.abandoned = False  # given up before it finished; the worker was told to abort
+        self._inbox, self._outbox = trio.open_memory_channel[ipc.ToolCalls | ipc.Finished | WorkerLost](math.inf)
+
+    async def send(self, message: ipc.ToWorker) -> None:
+        await self.worker.send(self.slot, message)
+
+    async def receive(self) -> ipc.ToolCalls | ipc.Finished:
+        message = await self._outbox.receive()
+        if isinstance(message, WorkerLost):
+            raise message
+        return message
+
+    def deliver(self, message: ipc.ToolCalls | ipc.Finished) -> None:
+        if self._inbox.statistics().current_buffer_used >= LEASE_BACKLOG:
+            raise WorkerLost(f"worker flooded slot {self.slot}")
+        self._inbox.send_nowait(message)
+
+    def lose(self, reason: WorkerLost) -> None:
+        """The worker is gone: the execution's next ``receive`` raises ``reason``."""
+        self._inbox.send_nowait(reason)
 
 
 class ZygoteClient:
@@ -148,10 +202,18 @@ class ZygoteClient:
 
 
 class WorkerPool:
-    """Hands out idle workers and keeps enough of them warm."""
+    """Leases slots in workers and keeps enough workers started."""
 
     def __init__(
-        self, *, warm: int, max_workers: int, max_executions: int, max_frame: int, worker_args: list[str]
+        self,
+        *,
+        warm: int,
+        max_workers: int,
+        capacity: int,
+        lifetime: int,
+        max_frame: int,
+        worker_args: list[str],
+        abandon_grace: float,
     ) -> None:
         # A worker start (fork, confinement, first runtime) costs milliseconds of CPU: under
         # a burst, starting one per waiting execution at once would starve the executions
@@ -159,16 +221,22 @@ class WorkerPool:
         self.max_starting = max(1, os.cpu_count() or 1)
         self.warm = warm
         self.max_workers = max(max_workers, warm, 1)
-        self.max_executions = max_executions or math.inf
+        self.capacity = max(capacity, 1)
+        self.lifetime = lifetime or math.inf
         self.max_frame = max_frame
+        self.abandon_grace = abandon_grace
         self.zygote = ZygoteClient(worker_args)
-        self.idle: collections.deque[Worker] = collections.deque()
         self.workers: set[Worker] = set()
-        self.starting = 0
+        self.starting: collections.Counter[str] = collections.Counter()  # worker starts under way, by tenant
+        self.waiting: collections.Counter[str] = collections.Counter()  # executions waiting for room, by tenant
         self.exits = 0  # worker processes that exited (and were replaced)
-        self._waiters = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
         self._wake_spawner = trio.Event()
         self._nursery: trio.Nursery | None = None
+
+    @property
+    def executions(self) -> int:
+        return sum(len(worker.leases) for worker in self.workers)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
@@ -177,12 +245,14 @@ class WorkerPool:
             try:
                 await self.zygote.start()
                 self._top_up()
-                while len(self.idle) < self.warm:
+                while len(self._usable("")) < self.warm:
                     await self._wait_change()
                     self._top_up()
                 task_status.started()
                 while True:
-                    await self._wait_change()
+                    with trio.move_on_after(TENANT_IDLE_S):
+                        await self._wait_change()
+                    self._retire_idle_tenants()
                     self._top_up()
             finally:
                 for worker in list(self.workers):
@@ -193,45 +263,58 @@ class WorkerPool:
         await self._wake_spawner.wait()
         self._wake_spawner = trio.Event()
 
-    def _top_up(self) -> None:
-        assert self._nursery is not None
-        demand = self.warm + len(self._waiters)
-        while (
-            len(self.idle) + self.starting < demand
-            and len(self.workers) + self.starting < self.max_workers
-            and self.starting < self.max_starting
-        ):
-            self.starting += 1
-            self._nursery.start_soon(self._spawn)
+    def _usable(self, tenant: str) -> list[Worker]:
+        return [w for w in self.workers if w.tenant == tenant and w.alive and not w.retiring]
 
-    async def _spawn(self) -> None:
+    def _top_up(self) -> None:
+        """Start workers for the default tenant's warm set and for tenants waiting for room."""
+        assert self._nursery is not None
+        wanted = collections.Counter({"": self.warm - len(self._usable(""))})
+        for tenant, count in self.waiting.items():
+            if count and not any(len(w.leases) < self.capacity for w in self._usable(tenant)):
+                wanted[tenant] = max(wanted[tenant], 1)
+        for tenant, count in wanted.items():
+            while (
+                self.starting[tenant] < count
+                and len(self.workers) + self.starting.total() < self.max_workers
+                and self.starting.total() < self.max_starting
+            ):
+                self.starting[tenant] += 1
+                self._nursery.start_soon(self._spawn, tenant)
+
+    def _retire_idle_tenants(self) -> None:
+        now = trio.current_time()
+        for worker in list(self.workers):
+            if worker.tenant and not worker.leases and now - worker.idle_since >= TENANT_IDLE_S:
+                self._retire(worker)
+
+    async def _spawn(self, tenant: str) -> None:
         try:
-            worker = await self._fork_worker()
+            worker = await self._fork_worker(tenant)
         except (OSError, WorkerLost, trio.TooSlowError):
             worker = None
         finally:
-            self.starting -= 1
+            self.starting[tenant] -= 1
         if worker is None:
             await trio.sleep(0.5)  # do not spin when processes cannot be started
             self._wake_spawner.set()
             return
         self.workers.add(worker)
-        self.idle.append(worker)
-        self._waiters.unpark()
+        self._room.unpark_all()
         self._wake_spawner.set()
-        await self._reap(worker)
+        await self._relay(worker)
 
-    async def _fork_worker(self) -> Worker:
+    async def _fork_worker(self, tenant: str) -> Worker:
         pid, channel = await self.zygote.fork()
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             channel.close()
             raise WorkerLost("worker exited at once") from None
-        worker = Worker(pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
+        worker = Worker(pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame, tenant)
         try:
             with trio.fail_after(READY_TIMEOUT_S):
-                if not isinstance(await worker.receive(), ipc.Ready):
+                if not isinstance((await worker.receive())[1], ipc.Ready):
                     raise WorkerLost("worker did not start with Ready")
         except BaseException:
             worker.kill()
@@ -240,12 +323,37 @@ class WorkerPool:
             raise
         return worker
 
-    async def _reap(self, worker: Worker) -> None:
-        """Wait for the worker to exit, whenever that is, and forget it.
+    async def _relay(self, worker: Worker) -> None:
+        """Route the worker's frames to their leases until its channel ends; then tell every lease left.
 
-        The channel of a worker an execution still holds stays open: its last
-        messages may still be buffered there, and ``release`` closes it.
+        The channel is read to its end even after the process exits: the last
+        messages of its executions may still be buffered there.
         """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_exit, worker)
+            try:
+                while True:
+                    slot, message = await worker.receive()
+                    lease = worker.leases.get(slot)
+                    if lease is None or lease.finished or not isinstance(message, ipc.ToolCalls | ipc.Finished):
+                        raise WorkerLost(f"worker sent {type(message).__name__} for slot {slot}")
+                    if isinstance(message, ipc.Finished):
+                        lease.finished = True
+                    if lease.abandoned:
+                        if lease.finished:
+                            self._forget(lease)
+                        continue
+                    lease.deliver(message)
+            except WorkerLost as exc:
+                worker.kill()
+                for lease in worker.leases.values():
+                    if not lease.finished and not lease.abandoned:
+                        lease.lose(exc)
+        with trio.CancelScope(shield=True):
+            await worker.stream.aclose()
+
+    async def _watch_exit(self, worker: Worker) -> None:
+        """Wait for the worker to exit, whenever that is, and forget it."""
         try:
             await worker.exited()
         finally:
@@ -254,31 +362,58 @@ class WorkerPool:
             os.close(worker.pidfd)
             worker.pidfd = -1
             self.workers.discard(worker)
-            if worker in self.idle:
-                self.idle.remove(worker)
-                with trio.CancelScope(shield=True):
-                    await worker.stream.aclose()
             self._wake_spawner.set()
 
-    async def acquire(self) -> Worker:
-        """An idle live worker; waits (and asks for more) when none is idle."""
+    async def acquire(self, tenant: str = "") -> Lease:
+        """A slot in the least-loaded live worker of ``tenant``; waits (and asks for more) when all are full."""
         while True:
-            while self.idle:
-                worker = self.idle.popleft()
-                if worker.alive:
+            candidates = [w for w in self._usable(tenant) if len(w.leases) < self.capacity]
+            if candidates:
+                worker = min(candidates, key=lambda w: len(w.leases))
+                lease = worker.lease()
+                if worker.started >= self.lifetime:
+                    worker.retiring = True
                     self._wake_spawner.set()
-                    return worker
+                return lease
+            self.waiting[tenant] += 1
             self._wake_spawner.set()
-            await self._waiters.park()
+            try:
+                await self._room.park()
+            finally:
+                self.waiting[tenant] -= 1
 
-    def release(self, worker: Worker, reusable: bool) -> None:
-        """Return a worker after an execution; anything doubtful is killed instead."""
-        worker.executions += 1
-        if reusable and worker.alive and worker.executions < self.max_executions:
-            self.idle.append(worker)
-            self._waiters.unpark()
-        else:
+    def release(self, lease: Lease) -> None:
+        """The execution no longer needs its slot. One that has not finished is aborted and
+        abandoned: the worker has ``abandon_grace`` to finish it before it is killed."""
+        if lease.finished or not lease.worker.alive:
+            self._forget(lease)
+            return
+        lease.abandoned = True
+        assert self._nursery is not None
+        self._nursery.start_soon(self._abandon, lease)
+
+    async def _abandon(self, lease: Lease) -> None:
+        worker = lease.worker
+        try:
+            await lease.send(ipc.Abort())
+        except WorkerLost:
+            return
+        await trio.sleep(self.abandon_grace)
+        if worker.leases.get(lease.slot) is lease:
+            worker.kill()  # it did not let go of the execution: its others go too, as they must
+
+    def _forget(self, lease: Lease) -> None:
+        worker = lease.worker
+        worker.leases.pop(lease.slot, None)
+        if not worker.leases:
+            worker.idle_since = trio.current_time()
+            if worker.retiring:
+                worker.kill()
+        self._room.unpark_all()
+        self._wake_spawner.set()
+
+    def _retire(self, worker: Worker) -> None:
+        worker.retiring = True
+        if not worker.leases:
             worker.kill()
-            assert self._nursery is not None
-            self._nursery.start_soon(worker.stream.aclose)
         self._wake_spawner.set()

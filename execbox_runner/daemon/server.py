@@ -28,6 +28,12 @@ from .pool import WorkerPool
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
+# CPU time a hardened worker may use beyond the largest execution budget before the kernel stops it.
+HARDENED_CPU_SLACK_S = 5
+STANDARD_CPU_LIFETIME_S = 24 * 3600
+# What a worker gets to finish an execution it was told to abort before it is killed (with its
+# other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
+ABANDON_GRACE_S = 2.5
 
 
 def host_report(settings: Settings) -> dict[str, object]:
@@ -45,12 +51,22 @@ def host_report(settings: Settings) -> dict[str, object]:
     }
 
 
+def worker_cpu_seconds(settings: Settings) -> int:
+    """RLIMIT_CPU of a worker: one execution's budget in the hardened profile; in the standard
+    profile a lifetime backstop (deadlines are enforced per execution by interrupts)."""
+    if settings.profile == "hardened":
+        return int(settings.max_timeout_ms / 1000 + HARDENED_CPU_SLACK_S)
+    return STANDARD_CPU_LIFETIME_S
+
+
 def worker_arguments(settings: Settings) -> list[str]:
     args = [
         "--max-memory",
         str(settings.max_memory_limit_bytes),
-        "--max-timeout",
-        str(settings.max_timeout_ms / 1000),
+        "--threads",
+        str(1 if settings.profile == "hardened" else settings.worker_threads),
+        "--cpu-seconds",
+        str(worker_cpu_seconds(settings)),
         "--max-output",
         str(settings.max_output_bytes),
     ]
@@ -111,9 +127,11 @@ class Daemon:
             warm=settings.warm_workers,
             max_workers=settings.max_workers,
             # The hardened profile never runs two executions in one process.
-            max_executions=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
+            capacity=1 if settings.profile == "hardened" else settings.worker_capacity,
+            lifetime=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
             max_frame=2 * settings.max_output_bytes + (1 << 20),
             worker_args=worker_arguments(settings),
+            abandon_grace=ABANDON_GRACE_S,
         )
         self.record_dir = record_directory(settings)
         self.report = host_report(settings)
@@ -121,6 +139,7 @@ class Daemon:
             max_sessions=settings.max_sessions,
             report=self.report,
             tokens=self.tokens,
+            share_workers=settings.share_workers_across_tokens,
             allowed_origins=frozenset(
                 origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()
             ),
@@ -132,9 +151,9 @@ class Daemon:
         pool = self.pool
         return LiveState(
             sessions=self.state.sessions,
-            idle_workers=len(pool.idle),
-            busy_workers=len(pool.workers) - len(pool.idle),
-            starting_workers=pool.starting,
+            idle_workers=sum(1 for worker in pool.workers if not worker.leases),
+            busy_workers=sum(1 for worker in pool.workers if worker.leases),
+            starting_workers=pool.starting.total(),
             worker_exits=pool.exits,
             refused=dict(self.state.refused),
             draining=self.state.draining,

@@ -1,5 +1,8 @@
 """The daemon <-> worker channel: msgpack messages in length-prefixed frames.
 
+A worker hosts many executions at once: every frame is ``[slot, message]``,
+where the slot (chosen by the daemon in ``Run``) names the execution.
+
 A worker is untrusted (guest code runs in it), so everything it sends is
 typed here and checked again by the session before it can reach a host.
 JSON values travel as UTF-8 JSON text (``bytes``) so the daemon can splice
@@ -81,10 +84,11 @@ ToWorker: TypeAlias = Run | Settle | Abort
 FromWorker: TypeAlias = ToolCalls | Finished | Ready | Probed
 
 _encoder: Final = msgspec.msgpack.Encoder()
-to_worker_decoder: Final[msgspec.msgpack.Decoder[ToWorker]] = msgspec.msgpack.Decoder(ToWorker)
-from_worker_decoder: Final[msgspec.msgpack.Decoder[FromWorker]] = msgspec.msgpack.Decoder(FromWorker)
+to_worker_decoder: Final = msgspec.msgpack.Decoder(tuple[int, ToWorker])
+from_worker_decoder: Final = msgspec.msgpack.Decoder(tuple[int, FromWorker])
 
 
-def frame(message: ToWorker | FromWorker) -> bytes:
-    body = _encoder.encode(message)
+def frame(slot: int, message: ToWorker | FromWorker) -> bytes:
+    """One frame: the execution's slot and the message, length-prefixed."""
+    body = _encoder.encode((slot, message))
     return HEADER.pack(len(body)) + body

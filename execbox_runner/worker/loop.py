@@ -1,32 +1,41 @@
-"""The worker process: runs guest executions, one at a time, for the daemon.
+"""The worker process: hosts many guest executions at once for the daemon.
 
-Guest JavaScript never runs in the daemon. A worker is started by the pool
-with one end of a socketpair, loads everything heavy up front (QuickJS, the
-parser) and says ``Ready``; then it runs ``Run`` messages one after another,
-each in a fresh QuickJS runtime, until its channel closes. It exits after an
-execution that asks to be recycled (timeout, out of memory), so the pool can
-replace it with a clean process.
+Guest JavaScript never runs in the daemon. A worker is forked by the zygote
+with one end of a socketpair, starts its runner threads, confines itself
+(``sandbox.py``: from then on the kernel refuses it files, sockets, new
+processes and new threads) and says ``Ready``.
 
-A reader thread owns the channel's receiving side: when an ``Abort`` arrives
-while guest code is running, it interrupts that code at once (see
-``native.py``), so a spinning guest still hands over its logs.
+Every frame on the channel carries a slot number: one slot is one execution,
+with its own QuickJS runtime, heap and memory limit. An execution parked on a
+tool call holds no thread, only its runtime. When a message arrives for a
+slot, the slot is handed to the runner threads, which run its steps in order
+(one thread at a time per runtime); separate runtimes run truly in parallel,
+since QuickJS releases the GIL while JavaScript runs. A guest spinning on the
+CPU holds one runner thread and nothing else, so its neighbours resume on the
+others.
 
-Before saying ``Ready`` the worker confines itself (``sandbox.py``): from then
-on the kernel refuses it files, sockets, processes and the network.
+The main thread reads the channel. An ``Abort`` for a slot whose guest code is
+running is also given to the interrupter thread, which pokes that runtime
+(``native.py``) until the guest has unwound, so a spinning guest still hands
+over its logs.
 
-Usage (by the zygote, which calls ``run``; standalone only in tests): ``python -m execbox_runner.worker.loop FD [--no-sandbox]
+Usage (by the zygote, which calls ``run``; standalone only in tests):
+``python -m execbox_runner.worker.loop FD [--no-sandbox] [--threads N]
 [--max-memory BYTES] [--max-timeout SECONDS] [--max-output BYTES]``
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import queue
 import signal
 import socket
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Final
 
 from ..protocol import ipc
@@ -36,81 +45,164 @@ from .normalize import normalize
 
 POKE_INTERVAL_S: Final = 0.001
 POKE_ATTEMPTS: Final = 2000  # keep interrupting for up to ~2 s, until the abort is taken
-# Two threads share the GIL; the default 5 ms switch interval would eat the abort grace.
+# Threads share the GIL between engine calls; the default 5 ms switch interval would eat the abort grace.
 SWITCH_INTERVAL_S: Final = 0.0002
+# Each runner thread's stack: guest recursion depth is bounded by QuickJS's stack limit,
+# which must stay below the real stack (see guest.MAX_STACK_BYTES).
+RUNNER_STACK_BYTES: Final = 32 << 20
+DEFAULT_THREADS: Final = 16
 
 
-# CPU time a worker may use beyond an execution's own budget before the kernel stops it.
-CPU_SLACK_S: Final = 5.0
+@dataclass(eq=False)
+class Hosted:
+    """One execution hosted by this worker: its guest and the messages it has yet to take."""
+
+    slot: int
+    guest: GuestRun | None = None
+    mailbox: collections.deque[ipc.ToWorker] = field(default_factory=collections.deque)
+    scheduled: bool = False  # a runner thread owns this slot until its mailbox is empty
+    aborting: bool = False
+
+
+class Interrupter:
+    """A thread that pokes running guests until each has taken its abort (or ~2 s passed)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[GuestRun, int] = {}
+        self._wake = threading.Condition()
+        threading.Thread(target=self._run, name="interrupter", daemon=True).start()
+
+    def request(self, guest: GuestRun) -> None:
+        with self._wake:
+            self._pending.setdefault(guest, POKE_ATTEMPTS)
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending:
+                    self._wake.wait()
+                pending = list(self._pending.items())
+            done = [guest for guest, left in pending if left <= 0 or not guest.interrupt()]
+            time.sleep(POKE_INTERVAL_S)
+            with self._wake:
+                for guest, _ in pending:
+                    if guest in done or guest.abort_taken.is_set():
+                        self._pending.pop(guest, None)
+                    elif guest in self._pending:
+                        self._pending[guest] -= 1
 
 
 class Worker:
-    def __init__(self, sock: socket.socket, limits: sandbox.Limits | None, *, probe: bool = False) -> None:
+    def __init__(
+        self, sock: socket.socket, limits: sandbox.Limits | None, *, threads: int = DEFAULT_THREADS, probe: bool = False
+    ) -> None:
         self.sock = sock
         self.probe = probe  # test hook: report what the confined worker can do, then exit
         self.limits = limits  # None: not confined (tests of the worker loop itself)
-        self.inbox: queue.SimpleQueue[ipc.ToWorker | None] = queue.SimpleQueue()
-        self.guest: GuestRun | None = None
+        self.threads = threads
+        self.hosted: dict[int, Hosted] = {}
+        self.lock = threading.Lock()  # guards hosted, each slot's mailbox, scheduled and aborting
+        self.send_lock = threading.Lock()
+        self.ready: queue.SimpleQueue[Hosted] = queue.SimpleQueue()  # slots with work, for the runners
+        self.spare: Runtime | None = None
+        self.interrupter: Interrupter | None = None
 
     def serve(self, runtime: Runtime | None = None) -> None:
-        """Run executions until the channel closes or an execution asks for recycling.
+        """Host executions until the channel closes.
 
         ``runtime`` is the first execution's, when the zygote prepared it before forking.
         """
         normalize("0")  # load the parser before the first request
         # (fresh_runtime also compiles the bootstrap, while files can still be read.)
-        runtime = runtime or fresh_runtime()
-        threading.Thread(target=self._read, name="channel-reader", daemon=True).start()
+        self.spare = runtime or fresh_runtime()
+        # Every thread starts before confinement: afterwards the kernel refuses new ones.
+        self.interrupter = Interrupter()
+        previous = threading.stack_size(RUNNER_STACK_BYTES)
+        for index in range(self.threads):
+            threading.Thread(target=self._runner, name=f"runner-{index}", daemon=True).start()
+        threading.stack_size(previous)
         missing = sandbox.confine(self.sock.fileno(), self.limits) if self.limits is not None else ["all"]
         if self.probe:
-            self.sock.sendall(ipc.frame(ipc.Probed(outcomes=sandbox.probe(), missing=missing)))
+            self.sock.sendall(ipc.frame(0, ipc.Probed(outcomes=sandbox.probe(), missing=missing)))
             return
-        self.sock.sendall(ipc.frame(ipc.Ready()))
-        while True:
-            message = self.inbox.get()
-            while message is not None and not isinstance(message, ipc.Run):
-                message = self.inbox.get()  # a late Settle/Abort for an execution that already finished
-            if message is None:
-                return
-            if self.limits is not None:
-                sandbox.set_cpu_backstop(message.budget_s + CPU_SLACK_S)
-            self.guest = GuestRun(message, runtime)
-            finished = self._execute(self.guest)
-            self.guest = None
-            if finished.recycle:
-                return
-            runtime = fresh_runtime()  # the next one, prepared while idle
-
-    def _execute(self, guest: GuestRun) -> ipc.Finished:
-        out = guest.start()
-        while True:
-            if isinstance(out, ipc.Finished):
-                self.sock.sendall(ipc.frame(out))
-                return out
-            if out.calls or out.logs:
-                self.sock.sendall(ipc.frame(out))
-            message = self.inbox.get()
-            if message is None:
-                raise EOFError("channel closed")
-            if isinstance(message, ipc.Settle):
-                out = guest.settle(message)
-            elif isinstance(message, ipc.Abort):
-                out = guest.abort()
-            else:
-                raise RuntimeError("Run received while an execution is active")
+        self.sock.sendall(ipc.frame(0, ipc.Ready()))
+        self._read()
 
     def _read(self) -> None:
-        try:
-            while True:
-                message = recv_to_worker(self.sock)
-                self.inbox.put(message)
-                guest = self.guest
-                if isinstance(message, ipc.Abort) and guest is not None:
-                    for _ in range(POKE_ATTEMPTS):
-                        if not guest.interrupt() or guest.abort_taken.wait(POKE_INTERVAL_S):
-                            break
-        except (EOFError, OSError):
-            self.inbox.put(None)
+        """The main thread: hand each message to its slot until the channel closes."""
+        while True:
+            slot, message = recv_to_worker(self.sock)
+            with self.lock:
+                hosted = self.hosted.get(slot)
+                if isinstance(message, ipc.Run):
+                    if hosted is not None:
+                        continue  # the daemon never reuses a live slot: drop the duplicate
+                    hosted = self.hosted[slot] = Hosted(slot)
+                elif hosted is None:
+                    continue  # a late Settle/Abort for an execution that already finished
+                poke = None
+                if isinstance(message, ipc.Abort):
+                    hosted.aborting = True
+                    poke = hosted.guest
+                hosted.mailbox.append(message)
+                if not hosted.scheduled:
+                    hosted.scheduled = True
+                    self.ready.put(hosted)
+            if poke is not None and self.interrupter is not None:
+                self.interrupter.request(poke)
+
+    def _runner(self) -> None:
+        while True:
+            hosted = self.ready.get()
+            try:
+                self._drain(hosted)
+            except Exception as exc:  # a bug must cost one execution, not the worker's others
+                self._end(hosted)
+                self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", []))
+
+    def _drain(self, hosted: Hosted) -> None:
+        """Take the slot's messages in order until none is left or the execution ends."""
+        while True:
+            with self.lock:
+                if not hosted.mailbox:
+                    hosted.scheduled = False
+                    return
+                message = hosted.mailbox.popleft()
+            out = self._take(hosted, message)
+            if isinstance(out, ipc.Finished):
+                self._end(hosted)
+                self._send(hosted.slot, out)
+                return
+            if out.calls or out.logs:
+                self._send(hosted.slot, out)
+
+    def _take(self, hosted: Hosted, message: ipc.ToWorker) -> ipc.ToolCalls | ipc.Finished:
+        if isinstance(message, ipc.Run):
+            runtime, self.spare = self.spare, None
+            guest = GuestRun(message, runtime)
+            with self.lock:
+                hosted.guest = guest
+                aborting = hosted.aborting
+            if aborting and self.interrupter is not None:
+                self.interrupter.request(guest)
+            return guest.start()
+        running = hosted.guest
+        assert running is not None  # Run is always a slot's first message
+        if isinstance(message, ipc.Settle):
+            return running.settle(message)
+        return running.abort()
+
+    def _end(self, hosted: Hosted) -> None:
+        with self.lock:
+            self.hosted.pop(hosted.slot, None)
+            hosted.mailbox.clear()
+            hosted.scheduled = False
+
+    def _send(self, slot: int, message: ipc.FromWorker) -> None:
+        data = ipc.frame(slot, message)
+        with self.send_lock:
+            self.sock.sendall(data)
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -126,26 +218,28 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_to_worker(sock: socket.socket) -> ipc.ToWorker:
+def recv_to_worker(sock: socket.socket) -> tuple[int, ipc.ToWorker]:
     (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
     return ipc.to_worker_decoder.decode(recv_exactly(sock, length))
 
 
-def address_space(max_memory: int, max_output: int) -> int:
-    """The address-space backstop: what the process maps now, plus room for the
-    largest QuickJS heap and the copies of the largest output, plus slack."""
+def address_space(max_memory: int, max_output: int, threads: int) -> int:
+    """The address-space backstop: what the process maps now, the runner stacks, room for
+    the largest QuickJS heap and copies of the largest output, plus slack."""
     with open("/proc/self/statm") as statm:
         mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    return mapped + 2 * max_memory + 4 * max_output + (256 << 20)
+    return mapped + threads * RUNNER_STACK_BYTES + 2 * max_memory + 4 * max_output + (256 << 20)
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="execbox_runner.worker.loop")
     parser.add_argument("fd", type=int)
     parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     parser.add_argument("--max-memory", type=int, default=512 << 20)
     parser.add_argument("--max-timeout", type=float, default=300.0)
     parser.add_argument("--max-output", type=int, default=16 << 20)
+    parser.add_argument("--cpu-seconds", type=int, default=3600, help="the process's CPU-time backstop (RLIMIT_CPU)")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -159,11 +253,11 @@ def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> in
         limits = None
         if not args.no_sandbox:
             limits = sandbox.Limits(
-                address_space_bytes=address_space(args.max_memory, args.max_output),
-                cpu_seconds=int(args.max_timeout + CPU_SLACK_S),
+                address_space_bytes=address_space(args.max_memory, args.max_output, args.threads),
+                cpu_seconds=args.cpu_seconds,
             )
         try:
-            Worker(sock, limits, probe=args.probe).serve(runtime)
+            Worker(sock, limits, threads=args.threads, probe=args.probe).serve(runtime)
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
     return 0
