@@ -18,7 +18,6 @@ from websockets.exceptions import ConnectionClosed
 from .daemonkit import (
     Daemon,
     client,
-    cpu_ticks,
     execute,
     receive,
     run_to_done,
@@ -56,25 +55,6 @@ def test_timeout_is_wall_clock_and_includes_waiting_for_a_tool(daemon: Daemon) -
     assert done["error"]["code"] == "timeout" and 250 <= done["durationMs"] < 5000
 
 
-def test_a_killed_worker_fails_only_its_own_execution(daemon: Daemon) -> None:
-    with client(daemon.url) as spinning, client(daemon.url) as waiting:
-        waiting.send(execute("waiting", "const r = await tools.hang({}); r + 1"))
-        assert receive(waiting)["type"] == "started"
-        call = receive(waiting)
-        before = {pid: cpu_ticks(pid) for pid in daemon.workers()}
-        spinning.send(execute("victim", "while (true) {}", timeoutMs=60000))
-        assert receive(spinning)["type"] == "started"
-        time.sleep(0.5)
-        burned = max(daemon.workers(), key=lambda pid: cpu_ticks(pid) - before.get(pid, 0))
-        os.kill(burned, signal.SIGKILL)
-        done = receive(spinning)
-        assert done["id"] == "victim" and done["error"]["code"] == "internal_error"
-        waiting.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 41}))
-        assert receive(waiting) == {**receive_shape("waiting"), "result": 42, "durationMs": receive_duration()}
-    with client(daemon.url) as ws:
-        assert run_to_done(ws, "after", "await tools.echo(5)")["result"] == 5
-
-
 def receive_shape(exec_id: str) -> dict:
     return {"type": "done", "id": exec_id, "ok": True, "logs": []}
 
@@ -86,8 +66,11 @@ class receive_duration:
         return isinstance(other, int) and other >= 0
 
 
-def test_workers_are_replaced_after_timeouts_and_out_of_memory(daemon: Daemon) -> None:
+def test_timeouts_and_out_of_memory_cost_only_their_own_runtime(daemon: Daemon) -> None:
+    """A guest that times out or exhausts its heap loses its runtime, not the shared worker."""
     with client(daemon.url) as ws:
+        assert run_to_done(ws, "warm", "1")["result"] == 1
+        workers = set(daemon.workers())
         assert run_to_done(ws, "t", "while (true) {}", timeoutMs=200)["error"]["code"] == "timeout"
         assert (
             run_to_done(
@@ -96,10 +79,7 @@ def test_workers_are_replaced_after_timeouts_and_out_of_memory(daemon: Daemon) -
             == "memory_limit"
         )
         assert run_to_done(ws, "ok", "1 + 1")["result"] == 2
-    deadline = time.monotonic() + 20
-    while len(daemon.workers()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(daemon.workers()) >= 2
+        assert workers <= set(daemon.workers())
 
 
 def test_concurrent_sessions_each_get_their_own_answers(daemon: Daemon) -> None:

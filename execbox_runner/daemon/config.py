@@ -41,7 +41,7 @@ class Settings:
     allowed_origins: str = ""
     certfile: str = ""
     keyfile: str = ""
-    max_sessions: int = 256
+    max_sessions: int = 0
     idle_timeout: float = 60.0
     drain_grace: float = 25.0
     sandbox: bool = True
@@ -78,7 +78,7 @@ HELP: dict[str, str] = {
     "allowed_origins": "comma-separated Origin values allowed to open sessions (else HTTP 403); empty: any",
     "certfile": "TLS certificate chain (PEM): serve wss:// instead of ws://",
     "keyfile": "TLS private key (PEM), with --certfile",
-    "max_sessions": "most concurrent sessions (one execution each); beyond it handshakes get HTTP 503 with Retry-After",
+    "max_sessions": "most concurrent sessions (one execution each); beyond it handshakes get HTTP 503 with Retry-After; 0: sized from memory and descriptors (up to 20,000)",
     "idle_timeout": "seconds a session may go without an execution before it is closed (1000)",
     "drain_grace": "on SIGTERM/SIGINT: seconds running executions get to finish before they are cancelled",
     "sandbox": "confine workers (namespaces, rlimits, seccomp); 'false' only for debugging",

@@ -6,7 +6,9 @@ execution holds a ``Lease`` (a slot in one worker), not a process, so an
 execution parked on a slow tool costs a runtime's memory and nothing else.
 ``acquire`` picks the least-loaded live worker of the execution's tenant (the
 token that authenticated it: tenants never share a process unless the
-operator allows it) and starts another worker when all are full.
+operator allows it); when all are full it claims a spare (a started worker
+no tenant owns yet), and the pool starts another spare in its place. The
+pool keeps ``warm`` spares ready.
 
 One relay task per worker reads its channel and routes each frame to the
 lease of its slot. When a worker dies, every execution it held learns at
@@ -21,7 +23,6 @@ pidfd cannot signal a recycled PID.
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 import signal
@@ -49,11 +50,11 @@ class WorkerLost(Exception):
 class Worker:
     """One worker process, its channel and the executions it hosts."""
 
-    def __init__(self, pidfd: int, stream: trio.SocketStream, max_frame: int, tenant: str) -> None:
+    def __init__(self, pidfd: int, stream: trio.SocketStream, max_frame: int) -> None:
         self.pidfd = pidfd
         self.stream = stream
         self.max_frame = max_frame
-        self.tenant = tenant
+        self.tenant: str | None = None  # a spare until an execution's tenant claims it
         self.leases: dict[int, Lease] = {}
         self.started = 0  # executions given to this worker over its life
         self.retiring = False  # takes no new executions; stopped once its last one ends
@@ -227,8 +228,8 @@ class WorkerPool:
         self.abandon_grace = abandon_grace
         self.zygote = ZygoteClient(worker_args)
         self.workers: set[Worker] = set()
-        self.starting: collections.Counter[str] = collections.Counter()  # worker starts under way, by tenant
-        self.waiting: collections.Counter[str] = collections.Counter()  # executions waiting for room, by tenant
+        self.starting = 0  # worker starts under way
+        self.waiting = 0  # executions waiting for room
         self.exits = 0  # worker processes that exited (and were replaced)
         self._room = trio.lowlevel.ParkingLot()
         self._wake_spawner = trio.Event()
@@ -245,7 +246,7 @@ class WorkerPool:
             try:
                 await self.zygote.start()
                 self._top_up()
-                while len(self._usable("")) < self.warm:
+                while len(self._spares()) < self.warm:
                     await self._wait_change()
                     self._top_up()
                 task_status.started()
@@ -263,38 +264,37 @@ class WorkerPool:
         await self._wake_spawner.wait()
         self._wake_spawner = trio.Event()
 
-    def _usable(self, tenant: str) -> list[Worker]:
+    def _usable(self, tenant: str | None) -> list[Worker]:
         return [w for w in self.workers if w.tenant == tenant and w.alive and not w.retiring]
 
+    def _spares(self) -> list[Worker]:
+        return self._usable(None)
+
     def _top_up(self) -> None:
-        """Start workers for the default tenant's warm set and for tenants waiting for room."""
+        """Start workers until ``warm`` spares are ready (and one for each execution waiting for room)."""
         assert self._nursery is not None
-        wanted = collections.Counter({"": self.warm - len(self._usable(""))})
-        for tenant, count in self.waiting.items():
-            if count and not any(len(w.leases) < self.capacity for w in self._usable(tenant)):
-                wanted[tenant] = max(wanted[tenant], 1)
-        for tenant, count in wanted.items():
-            while (
-                self.starting[tenant] < count
-                and len(self.workers) + self.starting.total() < self.max_workers
-                and self.starting.total() < self.max_starting
-            ):
-                self.starting[tenant] += 1
-                self._nursery.start_soon(self._spawn, tenant)
+        wanted = self.warm + (1 if self.waiting else 0)
+        while (
+            len(self._spares()) + self.starting < wanted
+            and len(self.workers) + self.starting < self.max_workers
+            and self.starting < self.max_starting
+        ):
+            self.starting += 1
+            self._nursery.start_soon(self._spawn)
 
     def _retire_idle_tenants(self) -> None:
         now = trio.current_time()
         for worker in list(self.workers):
-            if worker.tenant and not worker.leases and now - worker.idle_since >= TENANT_IDLE_S:
+            if worker.tenant is not None and not worker.leases and now - worker.idle_since >= TENANT_IDLE_S:
                 self._retire(worker)
 
-    async def _spawn(self, tenant: str) -> None:
+    async def _spawn(self) -> None:
         try:
-            worker = await self._fork_worker(tenant)
+            worker = await self._fork_worker()
         except (OSError, WorkerLost, trio.TooSlowError):
             worker = None
         finally:
-            self.starting[tenant] -= 1
+            self.starting -= 1
         if worker is None:
             await trio.sleep(0.5)  # do not spin when processes cannot be started
             self._wake_spawner.set()
@@ -304,14 +304,14 @@ class WorkerPool:
         self._wake_spawner.set()
         await self._relay(worker)
 
-    async def _fork_worker(self, tenant: str) -> Worker:
+    async def _fork_worker(self) -> Worker:
         pid, channel = await self.zygote.fork()
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             channel.close()
             raise WorkerLost("worker exited at once") from None
-        worker = Worker(pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame, tenant)
+        worker = Worker(pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
         try:
             with trio.fail_after(READY_TIMEOUT_S):
                 if not isinstance((await worker.receive())[1], ipc.Ready):
@@ -365,9 +365,15 @@ class WorkerPool:
             self._wake_spawner.set()
 
     async def acquire(self, tenant: str = "") -> Lease:
-        """A slot in the least-loaded live worker of ``tenant``; waits (and asks for more) when all are full."""
+        """A slot in the least-loaded live worker of ``tenant``, else in a spare it claims; waits
+        (and asks for more) when there is neither."""
         while True:
             candidates = [w for w in self._usable(tenant) if len(w.leases) < self.capacity]
+            if not candidates and self._spares():
+                spare = self._spares()[0]
+                spare.tenant = tenant
+                candidates = [spare]
+                self._wake_spawner.set()  # a spare fewer: start its replacement
             if candidates:
                 worker = min(candidates, key=lambda w: len(w.leases))
                 lease = worker.lease()
@@ -375,12 +381,12 @@ class WorkerPool:
                     worker.retiring = True
                     self._wake_spawner.set()
                 return lease
-            self.waiting[tenant] += 1
+            self.waiting += 1
             self._wake_spawner.set()
             try:
                 await self._room.park()
             finally:
-                self.waiting[tenant] -= 1
+                self.waiting -= 1
 
     def release(self, lease: Lease) -> None:
         """The execution no longer needs its slot. One that has not finished is aborted and

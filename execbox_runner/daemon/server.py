@@ -23,6 +23,7 @@ from ..worker import native, sandbox
 from .config import Settings
 from .connection import Connection
 from .endpoints import DaemonState
+from .machine import default_max_sessions, memory_bytes, raise_open_files
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
 
@@ -47,8 +48,17 @@ def host_report(settings: Settings) -> dict[str, object]:
         "interrupt_running_guests": native.SUPPORTED,
         "protections": protections,
         "warnings": sandbox.warnings(protections),
-        "limits": {key: value for key, value in asdict(settings).items() if key.startswith("max_")},
+        "limits": {
+            **{key: value for key, value in asdict(settings).items() if key.startswith("max_")},
+            "max_sessions": effective_max_sessions(settings),
+        },
+        "memory_bytes": memory_bytes(),
     }
+
+
+def effective_max_sessions(settings: Settings) -> int:
+    """``--max-sessions``, or when 0 what this machine's memory and descriptors carry."""
+    return settings.max_sessions or default_max_sessions(memory_bytes(), raise_open_files())
 
 
 def worker_cpu_seconds(settings: Settings) -> int:
@@ -136,7 +146,7 @@ class Daemon:
         self.record_dir = record_directory(settings)
         self.report = host_report(settings)
         self.state = DaemonState(
-            max_sessions=settings.max_sessions,
+            max_sessions=effective_max_sessions(settings),
             report=self.report,
             tokens=self.tokens,
             share_workers=settings.share_workers_across_tokens,
@@ -153,7 +163,7 @@ class Daemon:
             sessions=self.state.sessions,
             idle_workers=sum(1 for worker in pool.workers if not worker.leases),
             busy_workers=sum(1 for worker in pool.workers if worker.leases),
-            starting_workers=pool.starting.total(),
+            starting_workers=pool.starting,
             worker_exits=pool.exits,
             refused=dict(self.state.refused),
             draining=self.state.draining,

@@ -1,0 +1,54 @@
+"""What this machine (or container) offers the daemon, for defaults sized from it.
+
+Memory is the cgroup's limit where one is set (a container), else the
+machine's. Open descriptors are raised to the hard limit at start-up: every
+session is a socket, and the common soft limit of 1,024 would cap sessions
+long before memory does.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+from typing import Final
+
+# The share of memory guest heaps and sessions may use; the rest is the daemon's and the kernel's.
+BUDGET_SHARE: Final = 0.8
+# What one admitted session may cost at most while parked (daemon side, runtime, guest heap slack).
+SESSION_COST_BYTES: Final = 1 << 20
+MAX_AUTO_SESSIONS: Final = 20_000
+# Descriptors kept for everything that is not a session (workers' channels, listeners, files).
+RESERVED_FDS: Final = 256
+
+
+def memory_bytes() -> int:
+    """The cgroup v2 (or v1) memory limit if set, else the machine's memory."""
+    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):
+            return int(text)
+    with Path("/proc/meminfo").open() as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("cannot read the machine's memory from /proc/meminfo")
+
+
+def raise_open_files() -> int:
+    """Raise the soft descriptor limit to the hard one; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft
+
+
+def default_max_sessions(memory: int, open_files: int) -> int:
+    """Sessions admitted by default: as many as memory and descriptors carry, within a sane cap."""
+    by_memory = int(memory * BUDGET_SHARE) // SESSION_COST_BYTES
+    return max(1, min(MAX_AUTO_SESSIONS, by_memory, open_files - RESERVED_FDS))
