@@ -1,0 +1,76 @@
+"""The benchmark's child processes (the daemon, the echo server, load clients): started here, stopped by PID.
+
+Nothing else is ever signalled: the benchmark may run next to other daemons.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+STARTUP_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 10.0
+DAEMON_LISTENING: Final = "listening on ws://"
+_PACKAGE_ROOT: Final = str(Path(__file__).resolve().parent.parent)  # the directory holding benchkit/
+
+
+@dataclass
+class Server:
+    """A server subprocess and the URL it printed."""
+
+    process: subprocess.Popen[str]
+    url: str
+
+    def stop(self) -> None:
+        """Close its stdin; SIGTERM, then SIGKILL if it lingers (only this process, by its PID)."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def popen_module(module: str, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
+    """Run ``python -m benchkit.<module> args`` with a text stdout pipe, importable from any working directory."""
+    path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(
+        [sys.executable, "-m", f"benchkit.{module}", *args],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
+def start_server(process: subprocess.Popen[str], marker: str) -> Server:
+    """Wait for ``process`` to print its ``... listening on ws://...`` line; kill it if it does not."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        if marker in line:
+            return Server(process, line.strip().rsplit(" ", 1)[-1])
+    process.kill()
+    process.wait()
+    raise RuntimeError(f"{process.args!r} did not report listening")
+
+
+def start_daemon(warm_workers: int | None = None, extra_args: list[str] | None = None) -> Server:
+    """``python -m execbox_runner serve`` on a free loopback port, quiet below warnings."""
+    argv = [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
+    argv += ["--log-level", "WARNING"]
+    if warm_workers is not None:
+        argv += ["--warm-workers", str(warm_workers)]
+    argv += extra_args or []
+    return start_server(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True), DAEMON_LISTENING)

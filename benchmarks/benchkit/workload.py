@@ -1,0 +1,54 @@
+"""What the benchmark asks the daemon to run, and the host messages that carry it.
+
+Every client (latency, load, cancel) builds its frames here, so they all send
+the same bytes and their figures compare.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+OPTIONS: Final[dict[str, int]] = {
+    "timeoutMs": 5000,
+    "memoryLimitBytes": 67108864,
+    "maxLogLines": 100,
+    "maxLogChars": 64000,
+}
+CPU_CODE: Final = "let s = 0; for (let i = 1; i <= 2e6; i++) s += i; s"
+CPU_RESULT: Final = 2000001000000
+THROUGHPUT_CODE: Final = "1+1"
+
+
+def providers(*tools: str) -> list[dict[str, Any]]:
+    """One provider manifest, ``tools``, offering the named tools (answered by the client)."""
+    return [{"name": "tools", "tools": {n: {"safeName": n, "originalName": n} for n in tools}, "types": ""}]
+
+
+PROVIDERS: Final = providers("echo")
+
+
+def tool_code(n: int) -> str:
+    """Guest code making ``n`` sequential ``tools.echo`` calls; returns the sum of echoed ``i``."""
+    return f"let n = 0; for (let i = 0; i < {n}; i++) {{ const r = await tools.echo({{ i }}); n += r.i; }} n"
+
+
+def tool_sum(n: int) -> int:
+    """The result of ``tool_code(n)``."""
+    return n * (n - 1) // 2
+
+
+def execute_message(
+    exec_id: str, code: str, options: dict[str, int] = OPTIONS, manifest: list[dict[str, Any]] = PROVIDERS
+) -> bytes:
+    """The spec's ``execute`` message as JSON text."""
+    message = {"type": "execute", "id": exec_id, "code": code, "options": options, "providers": manifest}
+    return json.dumps(message, separators=(",", ":")).encode()
+
+
+def tool_result(call: dict[str, Any]) -> bytes:
+    """The host's immediate ``ok: true`` answer to a ``tool_call``: result = input."""
+    reply: dict[str, Any] = {"type": "tool_result", "callId": call["callId"], "ok": True}
+    if "input" in call:
+        reply["result"] = call["input"]
+    return json.dumps(reply, separators=(",", ":")).encode()
