@@ -6,9 +6,10 @@ Nothing else is ever signalled: the benchmark may run next to other daemons.
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
-import time
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -52,18 +53,28 @@ def popen_module(module: str, *args: str, stdin: int | None = None) -> subproces
 
 
 def start_server(process: subprocess.Popen[str], marker: str) -> Server:
-    """Wait for ``process`` to print its ``... listening on ws://...`` line; kill it if it does not."""
+    """Wait (at most ``STARTUP_TIMEOUT_S``) for ``process`` to print its ``... listening on ws://...`` line.
+
+    The line is read on a thread, so a server that hangs before printing it
+    (or prints nothing) cannot hang the benchmark; it is killed instead.
+    """
     assert process.stdout is not None
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        if marker in line:
-            return Server(process, line.strip().rsplit(" ", 1)[-1])
+    stdout = process.stdout
+    lines: queue.Queue[str] = queue.Queue()
+
+    def first_marked_line() -> None:
+        lines.put(next((line for line in stdout if marker in line), ""))
+
+    threading.Thread(target=first_marked_line, daemon=True).start()
+    try:
+        line = lines.get(timeout=STARTUP_TIMEOUT_S)
+    except queue.Empty:
+        line = ""
+    if line:
+        return Server(process, line.strip().rsplit(" ", 1)[-1])
     process.kill()
     process.wait()
-    raise RuntimeError(f"{process.args!r} did not report listening")
+    raise RuntimeError(f"{process.args!r} did not report listening within {STARTUP_TIMEOUT_S:g} s")
 
 
 def start_daemon(warm_workers: int | None = None, extra_args: list[str] | None = None) -> Server:
