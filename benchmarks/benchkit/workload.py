@@ -52,3 +52,8 @@ def tool_result(call: dict[str, Any]) -> bytes:
     if "input" in call:
         reply["result"] = call["input"]
     return json.dumps(reply, separators=(",", ":")).encode()
+
+
+def cancel_message(exec_id: str) -> bytes:
+    """The host's ``cancel`` for ``exec_id``."""
+    return json.dumps({"type": "cancel", "id": exec_id}, separators=(",", ":")).encode()
