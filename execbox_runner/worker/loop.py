@@ -17,7 +17,10 @@ others.
 The main thread reads the channel. An ``Abort`` for a slot whose guest code is
 running is also given to the interrupter thread, which pokes that runtime
 (``native.py``) until the guest has unwound, so a spinning guest still hands
-over its logs.
+over its logs. The interrupter also stops every guest still running at its
+wall-clock deadline, so the worker enforces ``timeoutMs`` itself as well as
+the daemon. Workers run at a lower scheduling priority than the daemon: a
+storm of spinning guests cannot delay a ``done`` or a ``cancel``.
 
 Usage (by the zygote, which calls ``run``; standalone only in tests):
 ``python -m execbox_runner.worker.loop FD [--no-sandbox] [--threads N]
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import heapq
 import os
 import queue
 import signal
@@ -47,6 +51,8 @@ POKE_INTERVAL_S: Final = 0.001
 POKE_ATTEMPTS: Final = 2000  # keep interrupting for up to ~2 s, until the abort is taken
 # Threads share the GIL between engine calls; the default 5 ms switch interval would eat the abort grace.
 SWITCH_INTERVAL_S: Final = 0.0002
+# Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
+NICENESS: Final = 10
 # Each runner thread's stack: guest recursion depth is bounded by QuickJS's stack limit,
 # which must stay below the real stack (see guest.MAX_STACK_BYTES).
 RUNNER_STACK_BYTES: Final = 32 << 20
@@ -65,10 +71,13 @@ class Hosted:
 
 
 class Interrupter:
-    """A thread that pokes running guests until each has taken its abort (or ~2 s passed)."""
+    """A thread that pokes guests until each has taken its abort (or ~2 s passed): those asked
+    to abort, and those still running at their deadline."""
 
     def __init__(self) -> None:
         self._pending: dict[GuestRun, int] = {}
+        self._deadlines: list[tuple[float, int]] = []  # a heap of (deadline, id) of watched guests
+        self._watched: dict[int, GuestRun] = {}  # dropped when the execution ends: runtimes are big
         self._wake = threading.Condition()
         threading.Thread(target=self._run, name="interrupter", daemon=True).start()
 
@@ -77,11 +86,33 @@ class Interrupter:
             self._pending.setdefault(guest, POKE_ATTEMPTS)
             self._wake.notify()
 
+    def watch(self, guest: GuestRun) -> None:
+        """Stop ``guest`` at its deadline if it is still running then."""
+        with self._wake:
+            self._watched[id(guest)] = guest
+            heapq.heappush(self._deadlines, (guest.deadline, id(guest)))
+            self._wake.notify()
+
+    def forget(self, guest: GuestRun) -> None:
+        with self._wake:
+            self._watched.pop(id(guest), None)
+            self._pending.pop(guest, None)
+
+    def _due(self) -> float | None:
+        """Move guests whose deadline passed to the pokes; seconds until the next deadline."""
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            guest = self._watched.pop(heapq.heappop(self._deadlines)[1], None)
+            if guest is not None:
+                self._pending.setdefault(guest, POKE_ATTEMPTS)
+        return self._deadlines[0][0] - now if self._deadlines else None
+
     def _run(self) -> None:
         while True:
             with self._wake:
                 while not self._pending:
-                    self._wake.wait()
+                    self._wake.wait(self._due())
+                    self._due()
                 pending = list(self._pending.items())
             done = [guest for guest, left in pending if left <= 0 or not guest.interrupt()]
             time.sleep(POKE_INTERVAL_S)
@@ -179,13 +210,16 @@ class Worker:
 
     def _take(self, hosted: Hosted, message: ipc.ToWorker) -> ipc.ToolCalls | ipc.Finished:
         if isinstance(message, ipc.Run):
-            runtime, self.spare = self.spare, None
+            with self.lock:  # the prepared runtime is for exactly one execution
+                runtime, self.spare = self.spare, None
             guest = GuestRun(message, runtime)
             with self.lock:
                 hosted.guest = guest
                 aborting = hosted.aborting
-            if aborting and self.interrupter is not None:
-                self.interrupter.request(guest)
+            if self.interrupter is not None:
+                self.interrupter.watch(guest)
+                if aborting:
+                    self.interrupter.request(guest)
             return guest.start()
         running = hosted.guest
         assert running is not None  # Run is always a slot's first message
@@ -198,6 +232,8 @@ class Worker:
             self.hosted.pop(hosted.slot, None)
             hosted.mailbox.clear()
             hosted.scheduled = False
+        if hosted.guest is not None and self.interrupter is not None:
+            self.interrupter.forget(hosted.guest)
 
     def _send(self, slot: int, message: ipc.FromWorker) -> None:
         data = ipc.frame(slot, message)
@@ -249,6 +285,7 @@ def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> in
     # The daemon owns signals; a Ctrl-C in the terminal must not kill workers first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    os.nice(NICENESS)
     with socket.socket(fileno=fd) as sock:
         limits = None
         if not args.no_sandbox:
