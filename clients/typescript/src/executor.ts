@@ -1,0 +1,173 @@
+import {
+  internalErrorResult,
+  resolveRuntimeOptions,
+  runHostSession,
+  timeoutResult,
+} from "./session.js";
+import { connectWebSocketTransport, type ConnectOptions } from "./transport.js";
+import type {
+  ExecuteResult,
+  ExecutionOptions,
+  Executor,
+  ExecutorRuntimeOptions,
+  HostTransport,
+  ResolvedToolProvider,
+} from "./types.js";
+
+/** Options of {@link RunnerExecutor}. */
+export interface RunnerExecutorOptions
+  extends ExecutorRuntimeOptions,
+    Omit<ConnectOptions, "url" | "signal"> {
+  /** The runner, `ws://host:port/` or `wss://host:port/`. Required unless `connectTransport` is given. */
+  url?: string | URL;
+  /**
+   * Opens the connection for one execution instead of `url` (any execbox
+   * `HostTransport`, as `@execbox/remote`'s `connectTransport` did).
+   */
+  connectTransport?: () => HostTransport | Promise<HostTransport>;
+  /** Time between `cancel` and closing the connection if no `done` came (default 25 ms). */
+  cancelGraceMs?: number;
+  /** The host cancels at `timeoutMs` plus this, in case the runner does not (default 100 ms). */
+  timeoutBackstopMs?: number;
+}
+
+interface Active {
+  controller: AbortController;
+  settled: Promise<unknown>;
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/**
+ * An execbox `Executor` that runs code on an execbox-runner daemon: each execution
+ * opens its own connection, so executions run concurrently.
+ *
+ * `execute` never rejects: refusals, lost connections and runner failures are
+ * `ok: false` results.
+ */
+export class RunnerExecutor implements Executor {
+  readonly #options: RunnerExecutorOptions;
+  readonly #active = new Set<Active>();
+  readonly #closing = new Set<Promise<unknown>>();
+  #disposed = false;
+
+  constructor(options: RunnerExecutorOptions) {
+    if (options.url === undefined && options.connectTransport === undefined) {
+      throw new TypeError("RunnerExecutor needs a url (or a connectTransport function)");
+    }
+    this.#options = { ...options };
+  }
+
+  /** Runs `code` with `providers`' tools; see execbox's `Executor.execute`. */
+  async execute(
+    code: string,
+    providers: ResolvedToolProvider[],
+    options: ExecutionOptions = {},
+  ): Promise<ExecuteResult> {
+    if (this.#disposed) {
+      return internalErrorResult("This RunnerExecutor has been disposed");
+    }
+    if (options.signal?.aborted) {
+      return timeoutResult();
+    }
+    const controller = new AbortController();
+    const onAbort = (): void => controller.abort();
+    options.signal?.addEventListener("abort", onAbort, { once: true });
+    let release: () => void = () => {};
+    const entry: Active = {
+      controller,
+      settled: new Promise<void>((resolve) => {
+        release = resolve;
+      }),
+    };
+    this.#active.add(entry);
+    const startedAt = Date.now();
+    try {
+      let transport: HostTransport;
+      try {
+        transport = await this.#open(controller.signal);
+      } catch (error) {
+        return controller.signal.aborted
+          ? timeoutResult(Date.now() - startedAt)
+          : internalErrorResult(messageOf(error), Date.now() - startedAt);
+      }
+      try {
+        return await runHostSession({
+          transport,
+          code,
+          providers,
+          runtimeOptions: resolveRuntimeOptions(this.#options, options),
+          signal: controller.signal,
+          ...(this.#options.cancelGraceMs === undefined
+            ? {}
+            : { cancelGraceMs: this.#options.cancelGraceMs }),
+          ...(this.#options.timeoutBackstopMs === undefined
+            ? {}
+            : { timeoutBackstopMs: this.#options.timeoutBackstopMs }),
+          disposeTransport: false,
+        });
+      } finally {
+        this.#track(Promise.resolve().then(() => transport.dispose()));
+      }
+    } finally {
+      options.signal?.removeEventListener("abort", onAbort);
+      this.#active.delete(entry);
+      release();
+    }
+  }
+
+  /**
+   * Cancels running executions (they resolve as `timeout` failures), waits for them
+   * and for their connections to close, and refuses later executions.
+   */
+  async dispose(): Promise<void> {
+    this.#disposed = true;
+    const active = [...this.#active];
+    for (const entry of active) {
+      entry.controller.abort();
+    }
+    await Promise.allSettled(active.map((entry) => entry.settled));
+    await Promise.allSettled([...this.#closing]);
+  }
+
+  #track(closing: Promise<unknown>): void {
+    const tracked = closing.catch(() => {});
+    this.#closing.add(tracked);
+    void tracked.then(() => this.#closing.delete(tracked));
+  }
+
+  async #open(signal: AbortSignal): Promise<HostTransport> {
+    const { url, connectTransport } = this.#options;
+    if (connectTransport === undefined) {
+      return await connectWebSocketTransport({ ...this.#options, url: url!, signal });
+    }
+    // A caller's factory cannot be aborted: if the signal wins, close what it gives later.
+    const opening = Promise.resolve().then(connectTransport);
+    return await new Promise<HostTransport>((resolve, reject) => {
+      const onAbort = (): void => {
+        reject(new Error("Connecting to the runner was aborted"));
+        this.#track(opening.then((transport) => transport.dispose()));
+      };
+      if (signal.aborted) {
+        onAbort();
+        return;
+      }
+      signal.addEventListener("abort", onAbort, { once: true });
+      opening.then(
+        (transport) => {
+          signal.removeEventListener("abort", onAbort);
+          if (signal.aborted) {
+            return;
+          }
+          resolve(transport);
+        },
+        (error: unknown) => {
+          signal.removeEventListener("abort", onAbort);
+          reject(error instanceof Error ? error : new Error(String(error)));
+        },
+      );
+    });
+  }
+}
