@@ -11,6 +11,7 @@ import time
 from typing import Final
 
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES: Final = os.sysconf("SC_PAGE_SIZE")
 
 
 def _proc_times(pid: int) -> tuple[int, int, int]:
@@ -76,3 +77,28 @@ def wait_pool_settled(daemon_pid: int, limit_s: float = 20.0) -> tuple[float, in
         if settled:
             break
     return time.perf_counter() - t0, count
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of ``root`` and every live descendant (daemon, zygote, workers)."""
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                parents[int(name)] = _proc_times(int(name))[0]
+            except (OSError, ValueError, IndexError):
+                continue
+    members, frontier = [root], [root]
+    while frontier:
+        parent = frontier.pop()
+        kids = [pid for pid, ppid in parents.items() if ppid == parent]
+        members += kids
+        frontier += kids
+    total = 0
+    for pid in members:
+        try:
+            with open(f"/proc/{pid}/statm") as statm:
+                total += int(statm.read().split()[1]) * PAGE_BYTES
+        except OSError:
+            continue
+    return total

@@ -116,13 +116,13 @@ class Connection:
     async def _linger(self) -> None:
         """Close like a lingering TCP close: stop sending, then read and discard what the
         peer still sends (bounded by close_timeout). Closing a socket that has unread data
-        resets the connection, and the reset can overtake our close frame."""
-        if not self._eof:
+        resets the connection, and the reset can overtake our close frame. TLS has no
+        half-close: its peers wait for us to close first, so there is nothing to linger for."""
+        if not self._eof or not isinstance(self.stream, trio.SocketStream):
             return
         with trio.move_on_after(self.settings.close_timeout):
             try:
-                if isinstance(self.stream, trio.SocketStream):
-                    await self.stream.send_eof()
+                await self.stream.send_eof()
                 while await self.stream.receive_some(RECEIVE_BYTES):
                     pass
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
