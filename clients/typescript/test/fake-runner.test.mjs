@@ -1,0 +1,347 @@
+// Host-side behaviour against scripted runners: the timeout backstop against a runner
+// that never answers, cancel and its grace, protocol violations, refusals.
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+
+import {
+  connectWebSocketTransport,
+  defineProvider,
+  RunnerConnectionError,
+  RunnerExecutor,
+} from "../dist/index.js";
+import { startFakeRunner, startSilentTcpServer, waitFor } from "./helpers/fake-runner.mjs";
+
+const send = (socket, message) => socket.send(JSON.stringify(message));
+
+function done(id, extra = {}) {
+  return { type: "done", id, ok: true, durationMs: 1, logs: [], ...extra };
+}
+
+describe("timeout backstop", () => {
+  test("a runner that never answers: cancel at timeoutMs + 100 ms, close 25 ms later, timeout", async () => {
+    const runner = await startFakeRunner({
+      onMessage: (message, socket) => {
+        if (message.type === "execute") {
+          send(socket, { type: "started", id: message.id });
+        }
+      },
+    });
+    try {
+      const executor = new RunnerExecutor({ url: runner.url });
+      const startedAt = Date.now();
+      const result = await executor.execute("while (true) {}", [], { timeoutMs: 300 });
+      const elapsed = Date.now() - startedAt;
+      assert.deepEqual(result.error, { code: "timeout", message: "Execution timed out" });
+      assert.deepEqual(result.logs, []);
+      assert.ok(elapsed >= 400 && elapsed < 900, `resolved after ${elapsed} ms`);
+
+      const [connection] = runner.connections;
+      await waitFor(() => connection.closedAt !== undefined);
+      const [execute, cancel, ...rest] = connection.frames;
+      assert.equal(execute.message.type, "execute");
+      assert.deepEqual(execute.message.options, {
+        maxLogChars: 64_000,
+        maxLogLines: 100,
+        memoryLimitBytes: 64 * 1024 * 1024,
+        timeoutMs: 300,
+      });
+      assert.deepEqual(cancel.message, { type: "cancel", id: execute.message.id });
+      assert.deepEqual(rest, []);
+      const cancelAfter = cancel.at - execute.at;
+      assert.ok(cancelAfter >= 390 && cancelAfter < 700, `cancel after ${cancelAfter} ms`);
+      const closeAfter = connection.closedAt - cancel.at;
+      assert.ok(closeAfter >= 15 && closeAfter < 300, `closed ${closeAfter} ms after cancel`);
+      await executor.dispose();
+    } finally {
+      await runner.stop();
+    }
+  });
+
+  test("a runner that answers the cancel with done: that done is the result", async () => {
+    const runner = await startFakeRunner({
+      onMessage: (message, socket) => {
+        if (message.type === "execute") {
+          send(socket, { type: "started", id: message.id });
+        } else if (message.type === "cancel") {
+          send(socket, {
+            type: "done",
+            id: message.id,
+            ok: false,
+            durationMs: 250,
+            logs: ["partial"],
+            error: { code: "timeout", message: "Execution timed out" },
+          });
+        }
+      },
+    });
+    try {
+      const executor = new RunnerExecutor({ url: runner.url, timeoutMs: 150 });
+      const result = await executor.execute("x", []);
+      assert.deepEqual(result, {
+        durationMs: 250,
+        error: { code: "timeout", message: "Execution timed out" },
+        logs: ["partial"],
+        ok: false,
+      });
+      await executor.dispose();
+      const [connection] = runner.connections;
+      await waitFor(() => connection.closedAt !== undefined);
+      assert.equal(connection.closeCode, 1000, "a normal close after done");
+    } finally {
+      await runner.stop();
+    }
+  });
+
+  test("cancelGraceMs and timeoutBackstopMs can be set", async () => {
+    const runner = await startFakeRunner();
+    try {
+      const executor = new RunnerExecutor({
+        url: runner.url,
+        cancelGraceMs: 200,
+        timeoutBackstopMs: 10,
+      });
+      await executor.execute("x", [], { timeoutMs: 100 });
+      const [connection] = runner.connections;
+      await waitFor(() => connection.closedAt !== undefined);
+      const [execute, cancel] = connection.frames;
+      const cancelAfter = cancel.at - execute.at;
+      assert.ok(cancelAfter >= 100 && cancelAfter < 300, `cancel after ${cancelAfter} ms`);
+      assert.ok(connection.closedAt - cancel.at >= 180, "closed after the longer grace");
+    } finally {
+      await runner.stop();
+    }
+  });
+
+  test("aborting the signal sends cancel at once, then closes after the grace", async () => {
+    const runner = await startFakeRunner();
+    try {
+      const executor = new RunnerExecutor({ url: runner.url });
+      const controller = new AbortController();
+      const pending = executor.execute("x", [], { signal: controller.signal, timeoutMs: 10_000 });
+      await waitFor(() => runner.connections[0]?.frames.length === 1);
+      const abortedAt = Date.now();
+      controller.abort();
+      const result = await pending;
+      assert.equal(result.error.code, "timeout");
+      assert.ok(Date.now() - abortedAt < 300);
+      const [connection] = runner.connections;
+      await waitFor(() => connection.closedAt !== undefined);
+      assert.equal(connection.frames[1].message.type, "cancel");
+      assert.ok(connection.frames[1].at - abortedAt < 100);
+    } finally {
+      await runner.stop();
+    }
+  });
+});
+
+describe("tool calls", () => {
+  test("tool_call without input calls the tool with undefined; an undefined result omits result", async () => {
+    const seen = [];
+    const runner = await startFakeRunner({
+      onMessage: (message, socket, connection) => {
+        if (message.type === "execute") {
+          send(socket, { type: "started", id: message.id });
+          connection.id = message.id;
+          send(socket, { type: "tool_call", callId: "call-1", providerName: "t", safeToolName: "probe" });
+        } else if (message.type === "tool_result") {
+          send(socket, done(connection.id, { result: "finished" }));
+        }
+      },
+    });
+    try {
+      const provider = defineProvider({
+        name: "t",
+        tools: {
+          probe: (...args) => {
+            seen.push(args);
+          },
+        },
+      });
+      const executor = new RunnerExecutor({ url: runner.url });
+      const startedAt = Date.now();
+      const result = await executor.execute("x", [provider], { timeoutMs: 5_000 });
+      assert.ok(Date.now() - startedAt < 1_000, "answered, not left to the timeout");
+      assert.equal(result.result, "finished");
+      assert.equal(seen.length, 1);
+      assert.equal(seen[0][0], undefined);
+      const reply = runner.connections[0].frames[1];
+      assert.equal(reply.raw, '{"type":"tool_result","callId":"call-1","ok":true}');
+      await executor.dispose();
+    } finally {
+      await runner.stop();
+    }
+  });
+
+  test("the transport gives execbox's guard an input key on an input-less tool_call", async () => {
+    const runner = await startFakeRunner({
+      onMessage: (message, socket) => {
+        if (message.type === "execute") {
+          send(socket, { type: "tool_call", callId: "call-7", providerName: "p", safeToolName: "x" });
+        }
+      },
+    });
+    try {
+      const transport = await connectWebSocketTransport(runner.url);
+      const received = new Promise((resolve) => transport.onMessage(resolve));
+      await transport.send({
+        type: "execute",
+        id: "e1",
+        code: "",
+        options: { timeoutMs: 1000, memoryLimitBytes: 1 << 26, maxLogLines: 10, maxLogChars: 100 },
+        providers: [],
+      });
+      const message = await received;
+      assert.equal(message.type, "tool_call");
+      assert.ok("input" in message);
+      assert.equal(message.input, undefined);
+      await transport.dispose();
+      assert.equal(transport.closed, true);
+    } finally {
+      await runner.stop();
+    }
+  });
+
+  test("unknown tools, including inherited property names, answer internal_error", async () => {
+    const runner = await startFakeRunner({
+      onMessage: (message, socket, connection) => {
+        if (message.type === "execute") {
+          connection.id = message.id;
+          for (const [i, name] of ["nope", "constructor", "__proto__", "toString"].entries()) {
+            send(socket, { type: "tool_call", callId: `c${i}`, providerName: "t", safeToolName: name, input: {} });
+          }
+          send(socket, { type: "tool_call", callId: "c9", providerName: "other", safeToolName: "x", input: {} });
+        } else if (connection.frames.length === 6) {
+          send(socket, done(connection.id));
+        }
+      },
+    });
+    try {
+      const provider = defineProvider({ name: "t", tools: { real: () => 1 } });
+      const executor = new RunnerExecutor({ url: runner.url });
+      const result = await executor.execute("x", [provider]);
+      assert.equal(result.ok, true);
+      const replies = runner.connections[0].frames.slice(1).map((frame) => frame.message);
+      assert.equal(replies.length, 5);
+      for (const reply of replies) {
+        assert.equal(reply.ok, false);
+        assert.equal(reply.error.code, "internal_error");
+        assert.match(reply.error.message, /^Unknown tool /);
+      }
+      await executor.dispose();
+    } finally {
+      await runner.stop();
+    }
+  });
+});
+
+describe("protocol violations and lost runners", () => {
+  test("a done for another id is ignored", async () => {
+    const runner = await startFakeRunner({
+      onMessage: (message, socket) => {
+        if (message.type === "execute") {
+          send(socket, done("someone-else", { result: "wrong" }));
+          send(socket, done(message.id, { result: "right" }));
+        }
+      },
+    });
+    try {
+      const executor = new RunnerExecutor({ url: runner.url });
+      const result = await executor.execute("x", []);
+      assert.equal(result.result, "right");
+      await executor.dispose();
+    } finally {
+      await runner.stop();
+    }
+  });
+
+  for (const [label, answer, pattern] of [
+    ["a frame that is not JSON", (socket) => socket.send("{nope"), /not JSON/],
+    ["a binary frame", (socket) => socket.send(Buffer.from("{}")), /binary/],
+    [
+      "a malformed done",
+      (socket, id) => send(socket, { type: "done", id, ok: false, durationMs: 1, logs: [] }),
+      /invalid message/,
+    ],
+    ["a close before done", (socket) => socket.close(1011, "worker lost"), /1011: worker lost/],
+  ]) {
+    test(`${label}: internal_error, promptly`, async () => {
+      const runner = await startFakeRunner({
+        onMessage: (message, socket) => {
+          if (message.type === "execute") {
+            answer(socket, message.id);
+          }
+        },
+      });
+      try {
+        const executor = new RunnerExecutor({ url: runner.url });
+        const startedAt = Date.now();
+        const result = await executor.execute("x", [], { timeoutMs: 5_000 });
+        assert.ok(Date.now() - startedAt < 1_000);
+        assert.equal(result.ok, false);
+        assert.equal(result.error.code, "internal_error");
+        assert.match(result.error.message, pattern);
+        await executor.dispose();
+      } finally {
+        await runner.stop();
+      }
+    });
+  }
+
+  test("a refused handshake (503 with Retry-After) is a RunnerConnectionError with its status", async () => {
+    const runner = await startFakeRunner({
+      verifyClient: (_info, callback) => callback(false, 503, "busy", { "Retry-After": "1" }),
+    });
+    try {
+      await assert.rejects(connectWebSocketTransport({ url: runner.url }), (error) => {
+        assert.ok(error instanceof RunnerConnectionError);
+        assert.equal(error.status, 503);
+        assert.equal(error.retryAfterSeconds, 1);
+        assert.match(error.message, /503/);
+        return true;
+      });
+      const executor = new RunnerExecutor({ url: runner.url });
+      const result = await executor.execute("1", []);
+      assert.equal(result.error.code, "internal_error");
+      assert.match(result.error.message, /HTTP 503/);
+    } finally {
+      await runner.stop();
+    }
+  });
+
+  test("a server that never completes the handshake: bounded by connectTimeoutMs", async () => {
+    const silent = await startSilentTcpServer();
+    try {
+      const executor = new RunnerExecutor({ url: silent.url, connectTimeoutMs: 300 });
+      const startedAt = Date.now();
+      const result = await executor.execute("1", []);
+      const elapsed = Date.now() - startedAt;
+      assert.equal(result.error.code, "internal_error");
+      assert.ok(elapsed >= 250 && elapsed < 1_500, `took ${elapsed} ms`);
+    } finally {
+      await silent.stop();
+    }
+  });
+
+  test("aborting while connecting returns timeout at once", async () => {
+    const silent = await startSilentTcpServer();
+    try {
+      const executor = new RunnerExecutor({ url: silent.url, connectTimeoutMs: 10_000 });
+      const controller = new AbortController();
+      const pending = executor.execute("1", [], { signal: controller.signal });
+      setTimeout(() => controller.abort(), 50);
+      const startedAt = Date.now();
+      const result = await pending;
+      assert.equal(result.error.code, "timeout");
+      assert.ok(Date.now() - startedAt < 500);
+      await executor.dispose();
+    } finally {
+      await silent.stop();
+    }
+  });
+
+  test("only ws:// and wss:// URLs", async () => {
+    await assert.rejects(connectWebSocketTransport("http://127.0.0.1:1/"), RunnerConnectionError);
+    const result = await new RunnerExecutor({ url: "not a url" }).execute("1", []);
+    assert.equal(result.error.code, "internal_error");
+  });
+});
