@@ -64,7 +64,13 @@ def imported_names(source: str, package: str) -> set[str]:
 
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
-    [("worker", "execbox_runner.daemon"), ("protocol", "execbox_runner.daemon"), ("protocol", "execbox_runner.worker")],
+    [
+        ("worker", "execbox_runner.daemon"),
+        ("protocol", "execbox_runner.daemon"),
+        ("protocol", "execbox_runner.worker"),
+        ("client", "execbox_runner.daemon"),  # the client talks to a daemon over the wire only
+        ("client", "execbox_runner.worker"),
+    ],
 )
 def test_layer_never_imports(layer: str, forbidden: str) -> None:
     for path in (PACKAGE / layer).rglob("*.py"):

@@ -1,0 +1,41 @@
+"""The Python host SDK: run guest JavaScript on an execbox runner against your own Python functions.
+
+    async with Runner.local() as runner:  # or Runner.connect("ws://...", token=...)
+        result = await runner.execute("await math.add({a: 1, b: 2})", providers={"math": {"add": add}})
+
+The client talks to a daemon over the wire only; it never imports the daemon
+or the worker.
+"""
+
+from ..protocol.messages import ErrorInfo
+from .errors import (
+    RunnerBusy,
+    RunnerDisconnected,
+    RunnerError,
+    RunnerProtocolError,
+    RunnerRefused,
+    RunnerUnavailable,
+    ToolError,
+    Unauthorized,
+)
+from .execution import ExecuteResult
+from .runner import Limits, Runner
+from .tools import Providers, Tool, safe_name
+
+__all__ = [
+    "ErrorInfo",
+    "ExecuteResult",
+    "Limits",
+    "Providers",
+    "Runner",
+    "RunnerBusy",
+    "RunnerDisconnected",
+    "RunnerError",
+    "RunnerProtocolError",
+    "RunnerRefused",
+    "RunnerUnavailable",
+    "Tool",
+    "ToolError",
+    "Unauthorized",
+    "safe_name",
+]

@@ -1,0 +1,143 @@
+"""One execution from the host's side, over its own WebSocket connection.
+
+This is execbox's host session in Python: send ``execute``, answer every
+``tool_call`` (concurrently, as the guest may await several), and return the
+``done``. It keeps the host's promises to the runner and to the caller:
+
+- a backstop at ``timeoutMs`` + 100 ms sends ``cancel`` in case the runner
+  missed its own deadline, and drops the connection 25 ms later if no
+  ``done`` came (the result is then ``timeout``, with no logs);
+- cancelling the awaiting task sends ``cancel``, waits at most those 25 ms
+  for the ``done`` (so the runner can keep its worker), and re-raises;
+- a connection that ends before ``done`` raises ``RunnerDisconnected``, a
+  frame that is not a runner message ``RunnerProtocolError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import msgspec
+from msgspec import UNSET
+
+from ..protocol.messages import Cancel, Done, ErrorInfo, Execute, Started, ToolCall, encode
+from .errors import RunnerDisconnected, RunnerError, RunnerProtocolError
+from .tools import Providers
+from .transport import WebSocket
+
+HOST_BACKSTOP_S: Final = 0.1  # execbox's HOST_TIMEOUT_BACKSTOP_MS
+CANCEL_GRACE_S: Final = 0.025  # execbox's DEFAULT_CANCEL_GRACE_MS
+TIMEOUT_MESSAGE: Final = "Execution timed out"
+_RUNNER_TYPES: Final = frozenset({"started", "tool_call", "done"})
+_decoder: Final[msgspec.json.Decoder[Started | ToolCall | Done]] = msgspec.json.Decoder(Started | ToolCall | Done)
+_any_decoder: Final = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True)
+class ExecuteResult:
+    """What an execution produced; ``ok`` says whether ``result`` or ``error`` applies.
+
+    ``result`` is the guest's final value decoded from JSON (``None`` for both
+    ``null`` and ``undefined``); ``error`` has one of the stable codes and a
+    message; ``logs`` are the guest's console lines as the runner truncated them.
+    """
+
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+    logs: list[str] = field(default_factory=list)
+    duration_ms: int = 0
+
+
+class Execution:
+    def __init__(self, websocket: WebSocket, execute: Execute, providers: Providers) -> None:
+        self._websocket = websocket
+        self._execute = execute
+        self._providers = providers
+        self._done: Done | None = None
+
+    async def run(self) -> ExecuteResult:
+        """Run to the ``done`` (or the backstop); always leaves the connection closed."""
+        try:
+            return await self._run()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._cancel()
+            raise
+        finally:
+            if self._done is not None:
+                await self._websocket.close()
+            else:
+                await self._websocket.abort()
+
+    async def _run(self) -> ExecuteResult:
+        started_at = anyio.current_time()
+        failure: RunnerError | None = None
+        async with anyio.create_task_group() as tools:
+            try:
+                await self._websocket.send_text(encode(self._execute))
+                with anyio.move_on_after(self._execute.options.timeoutMs / 1000 + HOST_BACKSTOP_S):
+                    await self._until_done(tools)
+            except RunnerError as exc:
+                failure = exc  # raised below, outside the task group, so it is not wrapped in a group
+            tools.cancel_scope.cancel()  # the execution is over: stop tools still running
+        if failure is not None:
+            raise failure
+        if self._done is None:
+            await self._cancel()
+        if self._done is None:
+            elapsed_ms = round((anyio.current_time() - started_at) * 1000)
+            return ExecuteResult(ok=False, error=ErrorInfo("timeout", TIMEOUT_MESSAGE), duration_ms=elapsed_ms)
+        return _result(self._done)
+
+    async def _until_done(self, tools: anyio.abc.TaskGroup | None) -> None:
+        """Read until this execution's ``done``, answering tool calls in ``tools`` (or ignoring them)."""
+        while self._done is None:
+            message = _decode(await self._websocket.receive())
+            if isinstance(message, ToolCall) and tools is not None:
+                tools.start_soon(self._answer, message)
+            elif isinstance(message, Done) and message.id == self._execute.id:
+                self._done = message
+            # `started`, and messages about another execution id, need no answer
+
+    async def _answer(self, call: ToolCall) -> None:
+        result = await self._providers.answer(call)
+        try:
+            await self._websocket.send_text(encode(result))
+        except RunnerDisconnected:
+            pass  # the reader reports the lost connection
+
+    async def _cancel(self) -> None:
+        """Send ``cancel`` and give the runner the grace to answer with its ``done``."""
+        if self._done is not None:
+            return
+        try:
+            await self._websocket.send_text(encode(Cancel(id=self._execute.id)))
+            with anyio.move_on_after(CANCEL_GRACE_S):
+                await self._until_done(None)
+        except RunnerError:
+            pass  # gone already: the caller gets the timeout (or its cancellation)
+
+
+def _decode(data: bytes) -> Started | ToolCall | Done | None:
+    """A runner message; ``None`` for a message type this client does not know (ignored, as execbox does)."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        value = _any_decoder.decode(data)
+        if isinstance(value, dict) and value.get("type") not in _RUNNER_TYPES:
+            return None
+        raise RunnerProtocolError(f"the runner sent an invalid message: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RunnerProtocolError(f"the runner sent a frame that is not JSON: {exc}") from None
+
+
+def _result(done: Done) -> ExecuteResult:
+    if done.ok:
+        value = None if done.result is UNSET else msgspec.json.decode(done.result)
+        return ExecuteResult(ok=True, result=value, logs=done.logs, duration_ms=done.durationMs)
+    error = done.error if done.error is not UNSET else ErrorInfo("internal_error", "The runner gave no error")
+    return ExecuteResult(ok=False, error=error, logs=done.logs, duration_ms=done.durationMs)

@@ -1,0 +1,167 @@
+"""``Runner``: run guest JavaScript on an execbox runner against your own Python tools.
+
+A ``Runner`` is an address and credentials, not a connection: every execution
+opens its own WebSocket connection, as execbox hosts do, so executions run
+concurrently and one failing connection touches no other execution. The same
+object works from asyncio, from trio (through anyio) and from synchronous code.
+"""
+
+from __future__ import annotations
+
+import ssl
+import uuid
+from functools import partial
+from types import TracebackType
+from typing import Final, TypedDict, Unpack
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from ..protocol.messages import Execute, RuntimeOptions
+from .execution import ExecuteResult, Execution
+from .local import LocalDaemon
+from .tools import Providers, ProviderTools
+from .transport import WebSocket
+
+
+class Limits(TypedDict, total=False):
+    """Per-execution limits; the defaults are execbox's."""
+
+    timeout_ms: float
+    memory_limit_bytes: int
+    max_log_lines: int
+    max_log_chars: int
+
+
+DEFAULT_LIMITS: Final[Limits] = {
+    "timeout_ms": 5000,
+    "memory_limit_bytes": 64 * 1024 * 1024,
+    "max_log_lines": 100,
+    "max_log_chars": 64_000,
+}
+
+
+class Runner:
+    """A remote (``Runner.connect``) or private local (``Runner.local``) execbox runner.
+
+    Use it as a context manager (``async with`` or ``with``): for a local
+    runner that starts and stops the daemon; for a remote one it does nothing
+    but keeps the code the same.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.ssl_context = ssl_context
+        self.connect_timeout = connect_timeout
+        self._daemon: LocalDaemon | None = None
+
+    @classmethod
+    def connect(
+        cls,
+        url: str,
+        *,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float = 10.0,
+    ) -> Runner:
+        """A runner at ``ws://`` or ``wss://`` URL, authenticated with a bearer ``token``.
+
+        Nothing is connected yet: refusals (``Unauthorized``, ``RunnerBusy``)
+        and unreachable runners surface from ``execute``.
+        """
+        return cls(url, token=token, ssl_context=ssl_context, connect_timeout=connect_timeout)
+
+    @classmethod
+    def local(cls, *, daemon_args: tuple[str, ...] = (), startup_timeout: float = 60.0) -> Runner:
+        """A private daemon for this process, started on entering the context and stopped on leaving it.
+
+        ``daemon_args`` are extra ``execbox-runner serve`` flags, for example
+        ``("--profile", "hardened")``.
+        """
+        runner = cls("")
+        runner._daemon = LocalDaemon(daemon_args, startup_timeout)
+        return runner
+
+    async def execute(
+        self, code: str, providers: Providers | ProviderTools | None = None, **limits: Unpack[Limits]
+    ) -> ExecuteResult:
+        """Run ``code`` with ``providers`` (``{"namespace": {"tool": callable}}``) as guest globals.
+
+        Returns the result for anything the guest did (including ``timeout``);
+        raises a ``RunnerError`` when the runner could not run it.
+        """
+        resolved = Providers.of(providers)
+        execute = Execute(
+            id=f"exec-{uuid.uuid4().hex}", code=code, options=_options(limits), providers=resolved.manifests
+        )
+        websocket = await WebSocket.open(
+            self._url(), token=self.token, ssl_context=self.ssl_context, connect_timeout=self.connect_timeout
+        )
+        return await Execution(websocket, execute, resolved).run()
+
+    def execute_sync(
+        self, code: str, providers: Providers | ProviderTools | None = None, **limits: Unpack[Limits]
+    ) -> ExecuteResult:
+        """``execute`` for synchronous code (its own event loop; call it from any thread without one)."""
+        return anyio.run(partial(self.execute, code, providers, **limits))
+
+    def _url(self) -> str:
+        if not self.url:
+            raise RuntimeError("start the local runner first: `with Runner.local() as runner:` (or `async with`)")
+        return self.url
+
+    def _started(self, endpoint: tuple[str, str]) -> Runner:
+        self.url, self.token = endpoint
+        return self
+
+    def _stop(self) -> None:
+        if self._daemon is not None:
+            self._daemon.stop()
+            self.url, self.token = "", None
+
+    def __enter__(self) -> Runner:
+        return self._started(self._daemon.start()) if self._daemon is not None else self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop()
+
+    async def __aenter__(self) -> Runner:
+        if self._daemon is None:
+            return self
+        try:
+            return self._started(await anyio.to_thread.run_sync(self._daemon.start))
+        except BaseException:  # cancelled while it started: it is running now, so stop it
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._stop)
+            raise
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._stop)
+
+
+def _options(limits: Limits) -> RuntimeOptions:
+    merged = {**DEFAULT_LIMITS, **limits}
+    try:
+        return msgspec.convert(
+            {
+                "timeoutMs": merged["timeout_ms"],
+                "memoryLimitBytes": merged["memory_limit_bytes"],
+                "maxLogLines": merged["max_log_lines"],
+                "maxLogChars": merged["max_log_chars"],
+            },
+            RuntimeOptions,
+        )
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid execution limits: {exc}") from None

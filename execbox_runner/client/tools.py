@@ -1,0 +1,263 @@
+"""Python callables as guest tools: manifests for the runner, checked calls for the host.
+
+The runner only ever sees names and types; the callables stay here. By
+default a tool's input is an object whose properties are the callable's
+parameters, typed by its annotations: ``def fetch_page(url: str, limit: int = 10)``
+is called from guest code as ``await web.fetch_page({url, limit})``. msgspec
+derives the JSON Schema from the annotations and checks the input against the
+same types, so what the model reads in ``types`` and what the host enforces
+cannot drift apart. A tool given an explicit ``input_schema`` (for example one
+forwarded from an MCP server) instead receives the input value as its one
+argument, checked with ``jsonschema``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import anyio.to_thread
+import jsonschema
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from ..protocol.messages import ErrorInfo, ProviderManifest, ToolCall, ToolDescriptor, ToolResult
+from .errors import ToolError
+from .typescript import JsonSchema, declare_function, declare_namespace
+
+log = logging.getLogger(__name__)
+
+# The JavaScript reserved words that execbox's sanitizer appends "_" to; the same list keeps safe names identical.
+_RESERVED: Final = frozenset({
+    "await", "break", "case", "catch", "class", "const", "continue", "debugger", "default", "delete", "do", "else",
+    "enum", "export", "extends", "false", "finally", "for", "function", "if", "import", "in", "instanceof", "new",
+    "null", "return", "super", "switch", "this", "throw", "true", "try", "typeof", "var", "void", "while", "with",
+    "yield",
+})  # fmt: skip
+_IDENTIFIER: Final = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]*$")
+_NOT_IDENTIFIER_CHARS: Final = re.compile(r"[^A-Za-z0-9_$]+")
+_PARAMETER_KINDS: Final = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def safe_name(name: str) -> str:
+    """The guest-visible identifier for a tool name, as execbox sanitizes it."""
+    name = _NOT_IDENTIFIER_CHARS.sub("_", name.strip()).strip("_") or "_"
+    if name[0].isdigit():
+        name = f"_{name}"
+    return f"{name}_" if name in _RESERVED else name
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable with what the guest (and the model writing guest code) should know about it.
+
+    Plain callables in a provider mapping are wrapped with the defaults; use
+    ``Tool`` to give a description other than the docstring, or explicit JSON
+    Schemas. With ``input_schema`` the callable receives the whole input as
+    one argument (``None`` when the guest passed none); an ``output_schema`` is
+    checked against every return value.
+    """
+
+    func: Callable[..., Any]
+    description: str | None = None
+    input_schema: JsonSchema | None = None
+    output_schema: JsonSchema | None = None
+
+
+class BoundTool:
+    """One tool of one provider, ready to answer ``tool_call``s."""
+
+    def __init__(self, provider: str, name: str, tool: Tool) -> None:
+        self.name = f"{provider}.{name}"
+        self.original_name = name
+        self.func = tool.func
+        self.is_async = inspect.iscoroutinefunction(tool.func)
+        signature = inspect.signature(tool.func, eval_str=True)
+        self.description = tool.description
+        if self.description is None and (inspect.isfunction(tool.func) or inspect.ismethod(tool.func)):
+            self.description = inspect.getdoc(tool.func)
+        self.output_schema = tool.output_schema or _schema_of(signature.return_annotation)
+        self._output_validator = _validator(tool.output_schema, name) if tool.output_schema is not None else None
+        self._input_validator: jsonschema.protocols.Validator | None = None
+        self._parameters: type[msgspec.Struct] | None = None
+        if tool.input_schema is not None:
+            self.input_schema: JsonSchema = tool.input_schema
+            self._input_validator = _validator(tool.input_schema, name)
+        else:
+            self._parameters = _parameters_struct(name, signature)
+            self.input_schema = _inline(msgspec.json.schema(self._parameters))
+
+    def declaration(self, safe: str) -> str:
+        return declare_function(safe, self.description, self.input_schema, self.output_schema)
+
+    async def call(self, raw_input: msgspec.Raw | UnsetType) -> msgspec.Raw:
+        """Check the input, run the tool, check its result; every failure is a ``ToolError``."""
+        args, kwargs = self._arguments(raw_input)
+        try:
+            if self.is_async:
+                value = await self.func(*args, **kwargs)
+            else:
+                value = await anyio.to_thread.run_sync(lambda: self.func(*args, **kwargs), abandon_on_cancel=True)
+                if inspect.isawaitable(value):  # a plain function that returns a coroutine
+                    value = await value
+        except ToolError:
+            raise
+        except Exception as exc:
+            log.debug("tool %s raised", self.name, exc_info=True)
+            raise ToolError("tool_error", str(exc) or f"Tool {self.original_name} failed") from exc
+        if self._output_validator is not None:
+            _check(self._output_validator, value, f"Invalid output for tool {self.original_name}")
+        return msgspec.Raw(self._encode(value))
+
+    def _arguments(self, raw_input: msgspec.Raw | UnsetType) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Positional and keyword arguments from the guest's input (omitted input: no arguments / ``None``)."""
+        if self._parameters is None:
+            value = None if raw_input is UNSET else msgspec.json.decode(raw_input)
+            assert self._input_validator is not None
+            _check(self._input_validator, value, f"Invalid input for tool {self.original_name}")
+            return (value,), {}
+        try:
+            decoded = msgspec.json.decode(b"{}" if raw_input is UNSET else raw_input, type=self._parameters)
+        except msgspec.ValidationError as exc:
+            raise ToolError("validation_error", f"Invalid input for tool {self.original_name}: {exc}") from None
+        fields = {name: getattr(decoded, name) for name in self._parameters.__struct_fields__}
+        return (), {name: value for name, value in fields.items() if value is not UNSET}
+
+    def _encode(self, value: Any) -> bytes:
+        """JSON for the guest: plain data plus what msgspec converts (Structs, dataclasses, tuples,
+        sets, enums, datetimes); NaN, infinities, cycles and other objects are refused."""
+        try:
+            data = json.dumps(
+                msgspec.to_builtins(value, str_keys=True), allow_nan=False, ensure_ascii=False, separators=(",", ":")
+            )
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ToolError(
+                "serialization_error", f"Tool {self.original_name} returned a non-serializable value: {exc}"
+            ) from None
+        return data.encode()
+
+
+ToolLike: TypeAlias = Callable[..., Any] | Tool
+ProviderTools: TypeAlias = Mapping[str, Mapping[str, ToolLike]]
+
+
+class Providers:
+    """Resolved providers: manifests and ``types`` for the runner, dispatch of tool calls for the host.
+
+    Build once and reuse across executions; ``types`` is also what to show a
+    model so that it writes code against these tools.
+    """
+
+    def __init__(self, providers: ProviderTools) -> None:
+        self._tools: dict[str, dict[str, BoundTool]] = {}
+        self._manifests: list[ProviderManifest] = []
+        for provider, tools in providers.items():
+            if not _IDENTIFIER.match(provider) or provider in _RESERVED:
+                raise ValueError(f"Invalid provider namespace: {provider!r} (it becomes a guest global)")
+            bound: dict[str, BoundTool] = {}
+            for name, tool in tools.items():
+                base = safe = safe_name(name)
+                suffix = 2
+                while safe in bound:  # two names that sanitize alike, as execbox numbers them
+                    safe, suffix = f"{base}__{suffix}", suffix + 1
+                bound[safe] = BoundTool(provider, name, tool if isinstance(tool, Tool) else Tool(tool))
+            self._tools[provider] = bound
+            descriptors = {
+                safe: ToolDescriptor(
+                    safeName=safe, originalName=tool.original_name, description=tool.description or UNSET
+                )
+                for safe, tool in bound.items()
+            }
+            types = declare_namespace(provider, [tool.declaration(safe) for safe, tool in bound.items()])
+            self._manifests.append(ProviderManifest(name=provider, tools=descriptors, types=types))
+
+    @classmethod
+    def of(cls, providers: Providers | ProviderTools | None) -> Providers:
+        if isinstance(providers, Providers):
+            return providers
+        return cls(providers or {})
+
+    @property
+    def manifests(self) -> list[ProviderManifest]:
+        return self._manifests
+
+    @property
+    def types(self) -> str:
+        """Every provider's TypeScript declarations, for a model's prompt."""
+        return "\n\n".join(manifest.types for manifest in self._manifests if isinstance(manifest.types, str))
+
+    async def answer(self, call: ToolCall) -> ToolResult:
+        """The ``tool_result`` for a ``tool_call``: the tool's value, or its failure as a stable code."""
+        tool = self._tools.get(call.providerName, {}).get(call.safeToolName)
+        if tool is None:
+            error = ErrorInfo("internal_error", f"Unknown tool {call.providerName}.{call.safeToolName}")
+            return ToolResult(callId=call.callId, ok=False, error=error)
+        try:
+            return ToolResult(callId=call.callId, ok=True, result=await tool.call(call.input))
+        except ToolError as exc:
+            return ToolResult(callId=call.callId, ok=False, error=ErrorInfo(exc.code, exc.message))
+
+
+def _parameters_struct(name: str, signature: inspect.Signature) -> type[msgspec.Struct]:
+    """A Struct with one field per parameter; a field the guest leaves out is UNSET, so the callable's
+    own default applies (and is never shared between calls)."""
+    fields: list[tuple[str, Any, Any]] = []
+    for parameter in signature.parameters.values():
+        if parameter.kind not in _PARAMETER_KINDS:
+            raise TypeError(
+                f"tool {name!r}: parameter {parameter.name!r} is {parameter.kind.description}; tools take named "
+                "parameters (the properties of the guest's input object), or give Tool(func, input_schema=...)"
+            )
+        annotation = Any if parameter.annotation is inspect.Parameter.empty else parameter.annotation
+        if parameter.default is inspect.Parameter.empty:
+            fields.append((parameter.name, annotation, msgspec.NODEFAULT))
+        else:
+            fields.append((parameter.name, annotation | UnsetType, UNSET))
+    struct = msgspec.defstruct(f"{safe_name(name)}_input", fields, kw_only=True, forbid_unknown_fields=True)
+    try:
+        msgspec.json.schema(struct)
+    except TypeError as exc:
+        raise TypeError(
+            f"tool {name!r}: {exc}; annotate it with JSON types or give Tool(..., input_schema=...)"
+        ) from None
+    return struct
+
+
+def _schema_of(annotation: Any) -> JsonSchema | None:
+    """The JSON Schema of a return annotation, or ``None`` (``unknown``) when there is none or msgspec cannot say."""
+    if annotation is inspect.Signature.empty:
+        return None
+    try:
+        return _inline(msgspec.json.schema(annotation))
+    except (TypeError, ValueError):
+        return None
+
+
+def _inline(schema: dict[str, Any]) -> JsonSchema:
+    """Replace msgspec's top-level ``$ref`` with the definition it names, so the schema reads directly."""
+    ref = schema.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/$defs/"):
+        return schema
+    defs = dict(schema.get("$defs", {}))
+    top = {key: value for key, value in defs.pop(ref.removeprefix("#/$defs/")).items() if key != "title"}
+    return {**top, "$defs": defs} if defs else top
+
+
+def _validator(schema: JsonSchema, name: str) -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(dict(schema))
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"tool {name!r}: invalid JSON Schema: {exc.message}") from None
+    return cls(schema)
+
+
+def _check(validator: jsonschema.protocols.Validator, value: Any, prefix: str) -> None:
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is not None:
+        raise ToolError("validation_error", f"{prefix}: {error.message} at {error.json_path}")

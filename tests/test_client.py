@@ -1,0 +1,483 @@
+"""The Python client from the host's side, over real sockets.
+
+Behaviour tests run against the real daemon, on asyncio and on trio. Where the
+runner must misbehave (never answer, vanish, send garbage), a small scripted
+WebSocket server on loopback plays it and records what the client sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.server import ServerConnection, serve
+
+from execbox_runner.client import (
+    ErrorInfo,
+    ExecuteResult,
+    Providers,
+    Runner,
+    RunnerBusy,
+    RunnerDisconnected,
+    RunnerProtocolError,
+    RunnerUnavailable,
+    Tool,
+    ToolError,
+    Unauthorized,
+    safe_name,
+)
+
+from .daemonkit import Daemon, children_of, client, running_daemon
+
+BACKENDS = ["asyncio", "trio"]
+backends = pytest.mark.parametrize("backend", BACKENDS)
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon() as started:
+        yield started
+
+
+def run(backend: str, runner: Runner, code: str, providers: Any = None, **limits: Any) -> ExecuteResult:
+    return anyio.run(lambda: runner.execute(code, providers, **limits), backend=backend)
+
+
+# ---------------------------------------------------------------- tools
+
+
+def add(a: int, b: int = 1) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+async def fetch_page(url: str) -> dict[str, str]:
+    await anyio.sleep(0)
+    return {"url": url, "title": f"Title of {url}"}
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float
+
+
+def fail_plainly() -> None:
+    raise ValueError("the disk is on fire")
+
+
+async def fail_with_code(city: str) -> None:
+    raise ToolError("validation_error", f"no such city: {city}")
+
+
+@backends
+def test_sync_and_async_tools(backend: str, daemon: Daemon) -> None:
+    code = """
+        const page = await web.fetch_page({url: "https://example.com"});
+        console.log("title:", page.title);
+        const sum = await math.add({a: 40, b: 2});
+        ({sum, next: await math.add({a: sum}), page})
+    """
+    result = run(backend, Runner.connect(daemon.url), code, {"math": {"add": add}, "web": {"fetch-page": fetch_page}})
+    assert result.ok, result.error
+    assert result.result == {
+        "sum": 42,
+        "next": 43,
+        "page": {"url": "https://example.com", "title": "Title of https://example.com"},
+    }
+    assert result.logs == ["title: Title of https://example.com"]
+    assert result.error is None
+    assert isinstance(result.duration_ms, int)
+
+
+@backends
+def test_tool_errors_keep_their_codes_and_only_their_message(backend: str, daemon: Daemon) -> None:
+    providers = {"t": {"plain": fail_plainly, "coded": fail_with_code}}
+    code = """
+        const seen = [];
+        try { await t.plain(); } catch (e) { seen.push([e.code, e.message]); }
+        try { await t.coded({city: "Atlantis"}); } catch (e) { seen.push([e.code, e.message]); }
+        seen
+    """
+    runner = Runner.connect(daemon.url)
+    result = run(backend, runner, code, providers)
+    assert result.result == [["tool_error", "the disk is on fire"], ["validation_error", "no such city: Atlantis"]]
+    uncaught = run(backend, runner, "await t.coded({city: 'Atlantis'})", providers)
+    assert uncaught.error == ErrorInfo("validation_error", "no such city: Atlantis")
+    with pytest.raises(ValueError, match="unknown error code"):
+        ToolError("oops", "no")
+
+
+@backends
+def test_inputs_are_validated_before_the_tool_runs(backend: str, daemon: Daemon) -> None:
+    calls: list[Any] = []
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    providers = {
+        "typed": {"add": add},
+        "search": {"query": Tool(calls.append, input_schema=schema)},
+    }
+    code = """
+        const errors = [];
+        for (const call of [
+            () => typed.add({a: "one"}), () => typed.add({b: 2}), () => typed.add({a: 1, c: 3}),
+            () => typed.add([1, 2]), () => search.query({q: 7}),
+        ]) {
+            try { await call(); errors.push("no error"); } catch (e) { errors.push(e.code + ": " + e.message); }
+        }
+        errors
+    """
+    result = run(backend, Runner.connect(daemon.url), code, providers)
+    assert result.ok, result.error
+    assert result.result == [
+        "validation_error: Invalid input for tool add: Expected `int`, got `str` - at `$.a`",
+        "validation_error: Invalid input for tool add: Object missing required field `a`",
+        "validation_error: Invalid input for tool add: Object contains unknown field `c`",
+        "validation_error: Invalid input for tool add: Expected `object`, got `array`",
+        "validation_error: Invalid input for tool query: 7 is not of type 'string' at $.q",
+    ]
+    assert calls == []
+
+
+@backends
+def test_omitted_input_calls_the_tool_with_no_argument(backend: str, daemon: Daemon) -> None:
+    received: list[Any] = []
+
+    def now() -> str:
+        return "2026-11-22"
+
+    def remember(value: Any) -> str:
+        received.append(value)
+        return "ok"
+
+    providers = {"clock": {"now": now, "add": add}, "raw": {"remember": Tool(remember, input_schema={})}}
+    code = """
+        let missing;
+        try { await clock.add(); } catch (e) { missing = e.code; }
+        [await clock.now(), await clock.now(undefined), await raw.remember(), missing]
+    """
+    result = run(backend, Runner.connect(daemon.url), code, providers)
+    assert result.result == ["2026-11-22", "2026-11-22", "ok", "validation_error"]
+    assert received == [None]
+
+
+@backends
+def test_results_that_are_not_json_are_serialization_errors_for_the_guest(backend: str, daemon: Daemon) -> None:
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    providers = {
+        "bad": {"nan": lambda: math.nan, "object": object, "cycle": lambda: cyclic},
+        "good": {"point": lambda: Point(1.5, 2), "pair": lambda: (1, {"a"})},
+    }
+    code = """
+        const codes = [];
+        for (const name of ["nan", "object", "cycle"]) {
+            try { await bad[name](); } catch (e) { codes.push(e.code); }
+        }
+        [codes, await good.point(), await good.pair()]
+    """
+    result = run(backend, Runner.connect(daemon.url), code, providers)
+    assert result.result == [["serialization_error"] * 3, {"x": 1.5, "y": 2}, [1, ["a"]]]
+
+
+@backends
+def test_cancelling_the_awaiting_task_cancels_the_execution(backend: str, daemon: Daemon) -> None:
+    async def scenario() -> list[str]:
+        events: list[str] = []
+        called = anyio.Event()
+
+        async def hang() -> None:
+            called.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                events.append("tool cancelled")
+
+        runner = Runner.connect(daemon.url)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as group:
+                group.start_soon(runner.execute, "await t.hang()", {"t": {"hang": hang}})
+                await called.wait()
+                group.cancel_scope.cancel()
+            events.append("returned")
+            after = await runner.execute("1 + 1")
+        events.append(f"next execution: {after.result}")
+        return events
+
+    assert anyio.run(scenario, backend=backend) == ["tool cancelled", "returned", "next execution: 2"]
+
+
+@backends
+def test_many_executions_run_concurrently(backend: str, daemon: Daemon) -> None:
+    count = 16
+
+    async def scenario() -> list[Any]:
+        arrived = 0
+        everyone = anyio.Event()
+
+        async def gather(i: int) -> int:
+            nonlocal arrived
+            arrived += 1
+            if arrived == count:
+                everyone.set()
+            await everyone.wait()  # returns only once every execution is inside its tool call
+            return i * 2
+
+        results: list[Any] = [None] * count
+        runner = Runner.connect(daemon.url)
+
+        async def one(i: int) -> None:
+            results[i] = (await runner.execute(f"await t.gather({{i: {i}}})", {"t": {"gather": gather}})).result
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                for i in range(count):
+                    group.start_soon(one, i)
+        return results
+
+    assert anyio.run(scenario, backend=backend) == [i * 2 for i in range(count)]
+
+
+def test_sync_api(daemon: Daemon) -> None:
+    with Runner.connect(daemon.url) as runner:
+        result = runner.execute_sync("await math.add({a: 1, b: 2})", {"math": {"add": add}}, timeout_ms=2000)
+    assert (result.ok, result.result) == (True, 3)
+    guest_error = Runner.connect(daemon.url).execute_sync("throw new Error('nope')")
+    assert guest_error.error == ErrorInfo("runtime_error", "nope")
+
+
+# ---------------------------------------------------------------- refusals and failures
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[Daemon]:
+    with running_daemon("--tokens", "right-token", "--max-sessions", "1") as started:
+        yield started
+
+
+@backends
+def test_a_wrong_token_is_refused(backend: str, guarded: Daemon) -> None:
+    with pytest.raises(Unauthorized) as refused:
+        run(backend, Runner.connect(guarded.url, token="wrong-token"), "1")
+    assert refused.value.status == 401
+    assert run(backend, Runner.connect(guarded.url, token="right-token"), "1").result == 1
+
+
+@backends
+def test_a_full_runner_is_refused(backend: str, guarded: Daemon) -> None:
+    """Sessions are held open until the runner refuses one (the first does, unless it is several processes)."""
+    runner = Runner.connect(guarded.url, token="right-token")
+    with contextlib.ExitStack() as held:
+        for _ in range(16):
+            try:
+                run(backend, runner, "1")
+            except RunnerBusy as refused:
+                assert (refused.status, refused.retry_after) == (503, 1.0)
+                return
+            with contextlib.suppress(InvalidStatus):
+                held.enter_context(client(guarded.url, additional_headers={"Authorization": "Bearer right-token"}))
+    raise AssertionError("never refused")
+
+
+@backends
+def test_an_unreachable_runner(backend: str) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(RunnerUnavailable):
+        run(backend, Runner.connect(f"ws://127.0.0.1:{port}/"), "1")
+
+
+def descendants(pid: int) -> list[int]:
+    return [pid for child in children_of(pid) for pid in [child, *descendants(child)]]
+
+
+def test_a_runner_that_dies_mid_execution() -> None:
+    with running_daemon() as doomed:
+
+        def kill_runner() -> str:
+            """SIGKILL the daemon and every process under it, whichever of them holds the connection."""
+            for pid in [*descendants(doomed.process.pid), doomed.process.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return "too late"
+
+        with pytest.raises(RunnerDisconnected):
+            run("asyncio", Runner.connect(doomed.url), "await t.kill()", {"t": {"kill": kill_runner}})
+
+
+# ---------------------------------------------------------------- a scripted runner
+
+
+@contextlib.contextmanager
+def scripted_runner(script: Callable[[ServerConnection, list[Any]], None]) -> Iterator[tuple[str, list[Any]]]:
+    """A WebSocket server on loopback that plays ``script`` for each connection and records what it was sent."""
+    received: list[Any] = []
+
+    def handler(connection: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            script(connection, received)
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}/", received
+        finally:
+            server.shutdown()
+            thread.join(10)
+
+
+def record_until_closed(connection: ServerConnection, received: list[Any]) -> None:
+    for _ in range(100):
+        try:
+            received.append(json.loads(connection.recv(timeout=10)))
+        except ConnectionClosed:
+            received.append("closed")
+            return
+
+
+@backends
+def test_the_backstop_cancels_then_drops_a_runner_that_never_answers(backend: str) -> None:
+    with scripted_runner(record_until_closed) as (url, received):
+        result = run(backend, Runner.connect(url), "1", timeout_ms=100)
+    assert result.error == ErrorInfo("timeout", "Execution timed out")
+    assert (result.ok, result.logs) == (False, [])
+    execute, cancel, closed = received
+    assert execute["type"] == "execute" and execute["options"]["timeoutMs"] == 100
+    assert cancel == {"type": "cancel", "id": execute["id"]}
+    assert closed == "closed"
+
+
+@backends
+def test_cancelling_sends_cancel_and_takes_the_runners_done(backend: str) -> None:
+    def runner_side(connection: ServerConnection, received: list[Any]) -> None:
+        execute = json.loads(connection.recv(timeout=10))
+        connection.send(json.dumps({"type": "started", "id": execute["id"]}))
+        call = {"type": "tool_call", "callId": "call-1", "providerName": "t", "safeToolName": "hang", "input": {}}
+        connection.send(json.dumps(call))
+        received.append(json.loads(connection.recv(timeout=10)))
+        error = {"code": "timeout", "message": "Execution timed out"}
+        connection.send(
+            json.dumps({"type": "done", "id": execute["id"], "ok": False, "durationMs": 1, "logs": [], "error": error})
+        )
+        record_until_closed(connection, received)
+
+    async def scenario(url: str) -> None:
+        async def hang() -> None:
+            await anyio.sleep_forever()
+
+        with anyio.move_on_after(0.2):
+            await Runner.connect(url).execute("await t.hang()", {"t": {"hang": hang}})
+
+    with scripted_runner(runner_side) as (url, received):
+        anyio.run(scenario, url, backend=backend)
+    assert received[0]["type"] == "cancel"
+    assert received[1:] == ["closed"]
+
+
+@backends
+def test_a_runner_that_vanishes_or_talks_nonsense(backend: str) -> None:
+    def vanish(connection: ServerConnection, received: list[Any]) -> None:
+        connection.recv(timeout=10)
+        connection.socket.shutdown(socket.SHUT_RDWR)
+
+    def nonsense(connection: ServerConnection, received: list[Any]) -> None:
+        connection.recv(timeout=10)
+        connection.send("this is not JSON")
+        record_until_closed(connection, received)
+
+    with scripted_runner(vanish) as (url, _), pytest.raises(RunnerDisconnected):
+        run(backend, Runner.connect(url), "1")
+    with scripted_runner(nonsense) as (url, _), pytest.raises(RunnerProtocolError):
+        run(backend, Runner.connect(url), "1")
+
+
+def test_a_call_to_an_unknown_tool_is_answered() -> None:
+    def runner_side(connection: ServerConnection, received: list[Any]) -> None:
+        execute = json.loads(connection.recv(timeout=10))
+        connection.send(json.dumps({"type": "tool_call", "callId": "c1", "providerName": "nope", "safeToolName": "x"}))
+        received.append(json.loads(connection.recv(timeout=10)))
+        connection.send(json.dumps({"type": "done", "id": execute["id"], "ok": True, "durationMs": 1, "logs": []}))
+
+    with scripted_runner(runner_side) as (url, received):
+        result = run("trio", Runner.connect(url), "1")
+    assert (result.ok, result.result) == (True, None)
+    error = {"code": "internal_error", "message": "Unknown tool nope.x"}
+    assert received == [{"type": "tool_result", "callId": "c1", "ok": False, "error": error}]
+
+
+# ---------------------------------------------------------------- the local runner
+
+
+def test_local_runner_sync_is_private_and_stopped_on_errors() -> None:
+    runner = Runner.local()
+    with pytest.raises(KeyError), runner:
+        url = runner.url
+        assert runner.execute_sync("await t.add({a: 1})", {"t": {"add": add}}).result == 2
+        with pytest.raises(Unauthorized):
+            Runner.connect(url).execute_sync("1")  # no token: only this runner may use it
+        raise KeyError("an error in the host's code")
+    with pytest.raises(RunnerUnavailable):
+        Runner.connect(url).execute_sync("1")
+
+
+async def test_local_runner_async() -> None:
+    async with Runner.local() as runner:
+        url = runner.url
+        assert (await runner.execute("6 * 7")).result == 42
+    with pytest.raises(RuntimeError, match="start the local runner"):
+        await runner.execute("1")
+    with pytest.raises(RunnerUnavailable):
+        await Runner.connect(url).execute("1")
+
+
+# ---------------------------------------------------------------- manifests
+
+
+def test_safe_names_follow_execbox() -> None:
+    cases = {
+        "scrape-url": "scrape_url",
+        "123abc": "_123abc",
+        "delete": "delete_",
+        "  ": "_",
+        "__x__": "x",
+        "a.b c": "a_b_c",
+    }
+    assert {name: safe_name(name) for name in cases} == cases
+
+
+def test_manifests_and_types() -> None:
+    providers = Providers({"web": {"fetch-page": fetch_page, "fetch page": fetch_page, "add": add}})
+    (manifest,) = providers.manifests
+    assert {safe: (tool.safeName, tool.originalName) for safe, tool in manifest.tools.items()} == {
+        "fetch_page": ("fetch_page", "fetch-page"),
+        "fetch_page__2": ("fetch_page__2", "fetch page"),
+        "add": ("add", "add"),
+    }
+    assert manifest.tools["add"].description == "Add two numbers."
+    assert providers.types == manifest.types
+    assert "function fetch_page(input: {\n    url: string;\n  }): Promise<Record<string, string>>;" in providers.types
+    assert (
+        "/**\n   * Add two numbers.\n   */\n  function add(input: {\n    a: number;\n    b?: number;\n  }): Promise<number>;"
+        in (providers.types)
+    )
+
+
+def test_tools_that_cannot_be_described_are_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="Invalid provider namespace"):
+        Providers({"not-an-identifier": {}})
+    with pytest.raises(TypeError, match="is variadic positional"):
+        Providers({"t": {"f": lambda *args: None}})
+    with pytest.raises(ValueError, match="invalid JSON Schema"):
+        Providers({"t": {"f": Tool(print, input_schema={"type": "no-such-type"})}})
