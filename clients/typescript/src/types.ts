@@ -170,11 +170,14 @@ export type DoneMessage =
 /** Everything a runner sends. */
 export type RunnerMessage = StartedMessage | ToolCallMessage | DoneMessage;
 
-/** Why a transport closed before the session finished. */
+/**
+ * Why a transport closed before the session finished. (execbox's own type also has
+ * a Node `signal` for process transports; it is left out here so that this package's
+ * declarations need no Node types, and the two stay assignable both ways.)
+ */
 export interface TransportCloseReason {
   code?: number | null;
   message: string;
-  signal?: string | null;
 }
 
 /** execbox's `HostTransport`: one connection to one runner. */

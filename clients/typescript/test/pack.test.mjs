@@ -19,9 +19,8 @@ const tsc = join(packageDir, "node_modules", ".bin", "tsc");
 let daemon;
 let work;
 
-before(async () => {
+before(() => {
   work = mkdtempSync(join(tmpdir(), "execbox-client-pack-"));
-  daemon = await startDaemon(["--tokens", "pack-token"]);
 });
 after(async () => {
   await daemon?.stop();
@@ -128,7 +127,9 @@ export async function main(url: string): Promise<ExecuteResult> {
   );
   await run(tsc, ["-p", consumer], { cwd: consumer, timeout: 120_000 });
 
-  // 4. And it runs: an execution with two providers through the daemon.
+  // 4. And it runs: an execution with two providers through a daemon (started only now,
+  //    after the install, which may take a while).
+  daemon = await startDaemon(["--tokens", "pack-token"]);
   writeFileSync(
     join(consumer, "use.mjs"),
     `import { defineProvider, RunnerExecutor } from "@execbox-runner/client";
