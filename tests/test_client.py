@@ -306,8 +306,9 @@ def test_a_runner_that_dies_mid_execution() -> None:
     with running_daemon() as doomed:
 
         def kill_runner() -> str:
-            """SIGKILL the daemon and every process under it, whichever of them holds the connection."""
-            for pid in [*descendants(doomed.process.pid), doomed.process.pid]:
+            """SIGKILL the daemon and every process under it, whichever of them holds the connection; parents
+            first, so that none of them sees a child die and sends a `done` about it."""
+            for pid in [doomed.process.pid, *descendants(doomed.process.pid)]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             return "too late"
