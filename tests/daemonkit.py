@@ -60,12 +60,27 @@ def cpu_ticks(pid: int) -> int:
 def running_daemon(*args: str, env: dict[str, str] | None = None) -> Iterator[Daemon]:
     """Start ``execbox-runner serve`` on a free loopback port; stop it (by PID) afterwards.
 
+    One daemon process unless ``args`` say otherwise, so that ``Daemon.workers``
+    sees every worker (a supervisor's shards are tested in test_supervisor.py).
+
     The daemon's stderr goes to a file, so a chatty daemon never blocks on a
     pipe nobody drains, and it is shown when start-up fails.
     """
     with tempfile.TemporaryFile(mode="w+") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0", *args],
+            [
+                sys.executable,
+                "-m",
+                "execbox_runner",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--processes",
+                "1",
+                *args,
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=stderr,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -13,7 +14,7 @@ import trio
 from execbox_runner_conformance.harness import run_transcript, summary
 
 from .. import __version__
-from . import config, logs
+from . import config, logs, supervisor
 from .server import ConfigurationError, Daemon, host_report
 
 
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         return _info(settings, args.json)
     logs.configure(settings.log_level, settings.log_format == "json")
+    processes = settings.processes or os.cpu_count() or 1
     try:
         daemon = Daemon(settings)
     except (ConfigurationError, OSError, ssl.SSLError) as exc:
@@ -101,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     status = 0
     try:
+        if processes > 1 and not supervisor.is_shard():
+            del daemon  # checked the settings; the shards serve
+            return trio.run(
+                supervisor.Supervisor(list(argv if argv is not None else sys.argv[1:]), settings, processes).run
+            )
+        if supervisor.is_shard():
+            supervisor.die_with_supervisor()
         trio.run(_serve_until_signalled, daemon)
     except* OSError as group:  # e.g. the port is taken
         cause: BaseException = group

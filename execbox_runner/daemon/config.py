@@ -28,6 +28,8 @@ class Settings:
     warm_workers: int = max(2, min(os.cpu_count() or 2, 8))
     max_workers: int = 64
     max_executions_per_worker: int = 100_000
+    processes: int = 0
+    memory_budget_bytes: int = 0
     worker_capacity: int = 2048
     worker_threads: int = 16
     share_workers_across_tokens: bool = False
@@ -65,6 +67,8 @@ HELP: dict[str, str] = {
     "warm_workers": "worker processes kept started ahead of demand",
     "max_workers": "most worker processes at once; further executions wait for room",
     "max_executions_per_worker": "executions after which a worker takes no more and is replaced (0: never)",
+    "memory_budget_bytes": "resident memory the daemon, its zygote and workers may hold; at 90 percent of it new sessions get HTTP 503; 0: 80 percent of the cgroup limit or of the machine's memory",
+    "processes": "daemon processes sharing the port (SO_REUSEPORT), each with its own workers and a share of the limits; 0: one per core",
     "worker_capacity": "most executions one worker process hosts at once (standard profile), each in its own QuickJS runtime",
     "worker_threads": "runner threads per worker: how many of its executions can run JavaScript at the same moment (parked ones need none)",
     "share_workers_across_tokens": "let executions authenticated with different tokens share worker processes (off: one set of workers per token)",

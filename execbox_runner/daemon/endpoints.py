@@ -23,6 +23,8 @@ from websockets.http11 import Request, Response
 from .metrics import CONTENT_TYPE, Metrics
 
 RETRY_AFTER_S: Final = 1
+# New sessions are refused once the process tree holds this share of the memory budget.
+ADMIT_MEMORY_SHARE: Final = 0.9
 
 
 @dataclass
@@ -38,7 +40,11 @@ class DaemonState:
     sessions: int = 0
     draining: bool = False
     pool_ready: bool = False
-    refused: dict[str, int] = field(default_factory=lambda: {"unauthorized": 0, "origin": 0, "draining": 0, "busy": 0})
+    refused: dict[str, int] = field(
+        default_factory=lambda: {"unauthorized": 0, "origin": 0, "draining": 0, "busy": 0, "memory": 0}
+    )
+    memory_budget: int = 1 << 62  # bytes the daemon, its zygote and its workers may hold
+    memory_used: int = 0  # their resident memory, sampled by the server
 
     @property
     def ready(self) -> bool:
@@ -94,6 +100,7 @@ def route(request: Request, state: DaemonState) -> Response | None:
                 "status": "alive",
                 "sessions": state.sessions,
                 "draining": state.draining,
+                "memory": {"used_bytes": state.memory_used, "budget_bytes": state.memory_budget},
                 "protections": state.report.get("protections"),
             },
         )
@@ -128,15 +135,15 @@ def route(request: Request, state: DaemonState) -> Response | None:
     if state.allowed_origins and origin is not None and origin not in state.allowed_origins:
         state.refused["origin"] += 1
         return _json(403, "Forbidden", {"error": "origin", "message": f"origin {origin!r} is not allowed"})
-    refusal = "draining" if state.draining else "busy" if state.sessions >= state.max_sessions else None
-    if refusal is None:
+    if state.draining:
+        refusal, message = "draining", "the runner is shutting down"
+    elif state.sessions >= state.max_sessions:
+        refusal, message = "busy", f"the runner is at its maximum of {state.max_sessions} concurrent sessions"
+    elif state.memory_used >= state.memory_budget * ADMIT_MEMORY_SHARE:
+        refusal, message = "memory", "the runner is near its memory budget"
+    else:
         return None
     state.refused[refusal] += 1
-    message = (
-        "the runner is shutting down"
-        if refusal == "draining"
-        else f"the runner is at its maximum of {state.max_sessions} concurrent sessions"
-    )
     return _json(
         503, "Service Unavailable", {"error": refusal, "message": message}, [("Retry-After", str(RETRY_AFTER_S))]
     )

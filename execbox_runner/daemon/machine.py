@@ -8,6 +8,7 @@ long before memory does.
 
 from __future__ import annotations
 
+import os
 import resource
 from pathlib import Path
 from typing import Final
@@ -19,6 +20,7 @@ SESSION_COST_BYTES: Final = 1 << 20
 MAX_AUTO_SESSIONS: Final = 20_000
 # Descriptors kept for everything that is not a session (workers' channels, listeners, files).
 RESERVED_FDS: Final = 256
+PAGE_BYTES: Final = os.sysconf("SC_PAGE_SIZE")
 
 
 def memory_bytes() -> int:
@@ -46,6 +48,23 @@ def raise_open_files() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         soft = hard
     return soft
+
+
+def default_memory_budget(memory: int) -> int:
+    """What the daemon's process tree may hold by default: a share of the machine or container."""
+    return int(memory * BUDGET_SHARE)
+
+
+def resident_bytes(pids: list[int]) -> int:
+    """Resident memory of these processes (gone ones count nothing)."""
+    total = 0
+    for pid in pids:
+        try:
+            with Path(f"/proc/{pid}/statm").open() as statm:
+                total += int(statm.read().split()[1]) * PAGE_BYTES
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def default_max_sessions(memory: int, open_files: int) -> int:

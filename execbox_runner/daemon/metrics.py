@@ -4,21 +4,32 @@ Counts and latencies come from the session's ``ExecutionEnded`` records; the
 current state (sessions, pool size, worker restarts, refused handshakes) is
 read at scrape time, so nothing has to be kept in step by hand. Each daemon
 has its own registry.
+
+Shards of one daemon (``supervisor.py``) share a directory: counters and
+histograms go there through prometheus-client's multiprocess mode, and each
+shard publishes its live state there, so ``/metrics`` from any shard is the
+whole daemon's.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from ..protocol.session import ExecutionEnded
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+# prometheus-client's multiprocess mode: set by the supervisor for its shards.
+MULTIPROCESS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS: Final = (
     0.001,
     0.0025,
@@ -50,6 +61,8 @@ class LiveState:
     worker_exits: int
     refused: dict[str, int]
     draining: bool
+    memory_used_bytes: int
+    memory_budget_bytes: int
 
 
 class _Live(Collector):
@@ -76,10 +89,23 @@ class _Live(Collector):
             refused.add_metric([reason], count)
         yield refused
         yield GaugeMetricFamily("execbox_draining", "1 while the daemon drains.", value=1 if state.draining else 0)
+        yield GaugeMetricFamily(
+            "execbox_memory_used_bytes",
+            "Resident memory of the daemon, its zygote and workers.",
+            value=state.memory_used_bytes,
+        )
+        yield GaugeMetricFamily(
+            "execbox_memory_budget_bytes",
+            "Memory budget; near it new sessions are refused.",
+            value=state.memory_budget_bytes,
+        )
 
 
 class Metrics:
     def __init__(self, read_state: Callable[[], LiveState]) -> None:
+        self.read_state = read_state
+        shared = os.environ.get(MULTIPROCESS_ENV)
+        self.shared_dir = Path(shared) if shared else None
         self.registry = CollectorRegistry()
         self.executions = Counter(
             "execbox_executions",
@@ -111,4 +137,46 @@ class Metrics:
             self.tool_latency.observe(latency)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.shared_dir))  # type: ignore[no-untyped-call]  # untyped upstream
+        registry.register(_Live(self._all_shards))
+        return generate_latest(registry)
+
+    def publish(self) -> None:
+        """Write this shard's live state for the others' /metrics (atomically: write, then rename)."""
+        assert self.shared_dir is not None
+        path = self.shared_dir / live_state_file(os.getpid())
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(asdict(self.read_state())))
+        temporary.replace(path)
+
+    def _all_shards(self) -> LiveState:
+        assert self.shared_dir is not None
+        states = [self.read_state()]
+        for path in self.shared_dir.glob("live-*.json"):
+            if path.name != live_state_file(os.getpid()):
+                try:
+                    states.append(LiveState(**json.loads(path.read_text())))
+                except (OSError, ValueError, TypeError):
+                    continue  # a shard that is starting or gone
+        refused: dict[str, int] = {}
+        for state in states:
+            for reason, count in state.refused.items():
+                refused[reason] = refused.get(reason, 0) + count
+        return LiveState(
+            sessions=sum(s.sessions for s in states),
+            idle_workers=sum(s.idle_workers for s in states),
+            busy_workers=sum(s.busy_workers for s in states),
+            starting_workers=sum(s.starting_workers for s in states),
+            worker_exits=sum(s.worker_exits for s in states),
+            refused=refused,
+            draining=any(s.draining for s in states),
+            memory_used_bytes=sum(s.memory_used_bytes for s in states),
+            memory_budget_bytes=sum(s.memory_budget_bytes for s in states),
+        )
+
+
+def live_state_file(pid: int) -> str:
+    return f"live-{pid}.json"

@@ -50,7 +50,8 @@ class WorkerLost(Exception):
 class Worker:
     """One worker process, its channel and the executions it hosts."""
 
-    def __init__(self, pidfd: int, stream: trio.SocketStream, max_frame: int) -> None:
+    def __init__(self, pid: int, pidfd: int, stream: trio.SocketStream, max_frame: int) -> None:
+        self.pid = pid  # for reading its memory from /proc; signals go through the pidfd
         self.pidfd = pidfd
         self.stream = stream
         self.max_frame = max_frame
@@ -236,8 +237,10 @@ class WorkerPool:
         self._nursery: trio.Nursery | None = None
 
     @property
-    def executions(self) -> int:
-        return sum(len(worker.leases) for worker in self.workers)
+    def pids(self) -> list[int]:
+        """The zygote's and the live workers' PIDs."""
+        zygote = self.zygote.process
+        return [*([zygote.pid] if zygote is not None else []), *(worker.pid for worker in self.workers)]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
@@ -311,7 +314,7 @@ class WorkerPool:
         except ProcessLookupError:
             channel.close()
             raise WorkerLost("worker exited at once") from None
-        worker = Worker(pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
+        worker = Worker(pid, pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
         try:
             with trio.fail_after(READY_TIMEOUT_S):
                 if not isinstance((await worker.receive())[1], ipc.Ready):

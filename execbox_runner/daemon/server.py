@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import platform
 import ssl
 from dataclasses import asdict
@@ -23,9 +24,10 @@ from ..worker import native, sandbox
 from .config import Settings
 from .connection import Connection
 from .endpoints import DaemonState
-from .machine import default_max_sessions, memory_bytes, raise_open_files
+from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
+from .supervisor import is_shard, shard_count
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
@@ -35,6 +37,9 @@ STANDARD_CPU_LIFETIME_S = 24 * 3600
 # What a worker gets to finish an execution it was told to abort before it is killed (with its
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
+LISTEN_BACKLOG = 4096
+LIVE_STATE_INTERVAL_S = 0.5
+MEMORY_SAMPLE_INTERVAL_S = 0.25
 
 
 def host_report(settings: Settings) -> dict[str, object]:
@@ -53,7 +58,31 @@ def host_report(settings: Settings) -> dict[str, object]:
             "max_sessions": effective_max_sessions(settings),
         },
         "memory_bytes": memory_bytes(),
+        "memory_budget_bytes": memory_budget(settings),
     }
+
+
+async def listen(host: str, port: int, *, reuse_port: bool) -> list[trio.SocketListener]:
+    """TCP listeners on every address of ``host``; with ``reuse_port`` the port is shared with
+    the other shards (the kernel spreads connections), otherwise a taken port is an error."""
+    listeners = []
+    for family, kind, proto, _, address in await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM):
+        sock = trio.socket.socket(family, kind, proto)
+        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
+        if family == trio.socket.AF_INET6:
+            sock.setsockopt(trio.socket.IPPROTO_IPV6, trio.socket.IPV6_V6ONLY, 1)
+        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+        await sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+        listeners.append(trio.SocketListener(sock))
+    return listeners
+
+
+def memory_budget(settings: Settings) -> int:
+    """``--memory-budget-bytes``, or a share of this machine's (or container's) memory."""
+    return settings.memory_budget_bytes or default_memory_budget(memory_bytes())
 
 
 def effective_max_sessions(settings: Settings) -> int:
@@ -147,6 +176,7 @@ class Daemon:
         self.report = host_report(settings)
         self.state = DaemonState(
             max_sessions=effective_max_sessions(settings),
+            memory_budget=memory_budget(settings) // shard_count(),
             report=self.report,
             tokens=self.tokens,
             share_workers=settings.share_workers_across_tokens,
@@ -167,6 +197,8 @@ class Daemon:
             worker_exits=pool.exits,
             refused=dict(self.state.refused),
             draining=self.state.draining,
+            memory_used_bytes=self.state.memory_used,
+            memory_budget_bytes=self.state.memory_budget,
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -179,12 +211,26 @@ class Daemon:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.pool.run)
             self.state.pool_ready = True
-            listeners = await trio.open_tcp_listeners(self.settings.port, host=self.settings.host)
-            for listener in listeners:
-                listener.socket.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+            listeners = await listen(self.settings.host, self.settings.port, reuse_port=is_shard())
             host, port = listeners[0].socket.getsockname()[:2]
+            nursery.start_soon(self._sample_memory)
+            if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
+                nursery.start_soon(self._publish_live_state)
             task_status.started((host, port))
             await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+
+    async def _sample_memory(self) -> None:
+        """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission."""
+        while True:
+            self.state.memory_used = resident_bytes([os.getpid(), *self.pool.pids])
+            await trio.sleep(MEMORY_SAMPLE_INTERVAL_S)
+
+    async def _publish_live_state(self) -> None:
+        """Shards: keep this process's live state where every shard's /metrics reads it."""
+        assert self.state.metrics is not None
+        while True:
+            self.state.metrics.publish()
+            await trio.sleep(LIVE_STATE_INTERVAL_S)
 
     async def _handle(self, tcp: trio.SocketStream) -> None:
         stream: trio.abc.Stream = tcp

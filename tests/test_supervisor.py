@@ -1,0 +1,90 @@
+"""Several daemon processes on one port (``--processes``), and memory admission."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from .daemonkit import children_of, client, run_to_done, running_daemon, stop
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def http(ws_url: str, path: str) -> str:
+    return "http" + ws_url[2:].rstrip("/") + path
+
+
+def tree(root: int) -> list[int]:
+    found, frontier = [], [root]
+    while frontier:
+        kids = children_of(frontier.pop())
+        found += kids
+        frontier += kids
+    return found
+
+
+def test_shards_share_the_port_metrics_and_the_drain() -> None:
+    with running_daemon("--processes", "2", "--warm-workers", "2") as d:
+        shards = children_of(d.process.pid)
+        assert len(shards) == 2
+        for index in range(12):
+            with client(d.url) as ws:
+                assert run_to_done(ws, f"e{index}", f"await tools.echo({index})")["result"] == index
+        # Whichever shard answers, /metrics counts the executions of both.
+        for _ in range(4):
+            status, body = get(http(d.url, "/metrics"))
+            assert status == 200
+            assert 'execbox_executions_total{code="",outcome="ok"} 12.0' in body
+        processes = [d.process.pid, *tree(d.process.pid)]
+        assert stop(d.process, signal.SIGTERM) == 0
+        assert not [pid for pid in processes if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+
+
+def test_a_killed_shard_is_replaced() -> None:
+    with running_daemon("--processes", "2", "--warm-workers", "2") as d:
+        victim = children_of(d.process.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        for _ in range(200):
+            shards = children_of(d.process.pid)
+            if len(shards) == 2 and victim not in shards:
+                break
+            time.sleep(0.05)
+        assert victim not in children_of(d.process.pid) and len(children_of(d.process.pid)) == 2
+        for index in range(6):
+            with client(d.url) as ws:
+                assert run_to_done(ws, f"e{index}", "1 + 1")["result"] == 2
+
+
+def test_near_the_memory_budget_new_sessions_get_503() -> None:
+    """A budget below what the idle daemon tree already holds: every handshake is refused."""
+    with running_daemon("--memory-budget-bytes", str(32 << 20)) as d:
+        health: dict[str, Any] = json.loads(get(http(d.url, "/healthz"))[1])
+        assert health["memory"]["budget_bytes"] == 32 << 20
+        for _ in range(100):  # the first sample lands within a quarter second
+            if json.loads(get(http(d.url, "/healthz"))[1])["memory"]["used_bytes"] > 32 << 20:
+                break
+            time.sleep(0.05)
+        status, body = get(http(d.url, "/"))
+        assert status == 503 and json.loads(body)["error"] == "memory"
+        metrics = get(http(d.url, "/metrics"))[1]
+        assert 'execbox_rejected_handshakes_total{reason="memory"} 1.0' in metrics
+        assert "execbox_memory_used_bytes" in metrics
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
