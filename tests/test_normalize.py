@@ -43,9 +43,8 @@ def test_a_lone_plain_arrow_is_a_value_not_called() -> None:
     assert error(run("() => 1"))[0] == "serialization_error"
 
 
-def test_syntax_errors_are_runtime_errors_with_the_engine_message() -> None:
-    code, message = error(run("const = 1"))
-    assert code == "runtime_error" and message
+def test_syntax_errors_are_runtime_errors_with_the_engine_message_and_position() -> None:
+    assert error(run("const = 1")) == ("runtime_error", "variable name expected (line 1, column 7)")
 
 
 def test_strip_fence_leaves_unfenced_or_partial_code_alone() -> None:
@@ -55,6 +54,31 @@ def test_strip_fence_leaves_unfenced_or_partial_code_alone() -> None:
 
 
 def test_normalize_output_is_one_async_function_expression() -> None:
-    assert normalize("").source() == "async () => {}"
-    assert normalize("a; b").source() == "async () => {\na;\nreturn (b);\n}"
-    assert normalize("async () => 1;").source() == "async () => 1"
+    assert normalize("").source == "(async () => {})"
+    assert normalize("a; b").source == "(async () => {\na;\nreturn (b);\n})"
+    assert normalize("async () => 1;").source == "(async () => 1)"
+
+
+@pytest.mark.parametrize(
+    ("code", "needle", "expected"),
+    [
+        ("a; b", "b", (1, 4)),
+        ("x = 1\n\n  y.z", "y", (3, 3)),
+        ("  ```js\nconst a = 1;\nnull.x\n```", "null", (3, 1)),
+        ("async () => {\n  é.😀\n}", "😀", (2, 5)),
+        ("function main() {\n  boom()\n}", "boom", (2, 3)),
+    ],
+)
+def test_locate_maps_engine_positions_back_to_the_code_as_sent(code: str, needle: str, expected: tuple) -> None:
+    program = normalize(code)
+    line_index = program.source[: program.source.rindex(needle)]
+    line = line_index.count("\n") + 1
+    column = len(line_index[line_index.rfind("\n") + 1 :].encode()) + 1  # QuickJS counts UTF-8 bytes
+    assert program.locate(line, column) == expected
+
+
+def test_locate_gives_nothing_for_positions_in_the_wrapping() -> None:
+    program = normalize("a; b")
+    assert program.locate(1, 1) is None
+    assert program.locate(3, 1) is None
+    assert program.locate(99, 1) is None

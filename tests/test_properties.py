@@ -46,7 +46,6 @@ BAD_LEAVES = [
     "NaN",
     "Infinity",
     "-Infinity",
-    "undefined",
     "Symbol('s')",
     "(() => 1)",
     "new Map()",
@@ -64,8 +63,6 @@ def test_a_bad_value_anywhere_is_a_serialization_error(data: Any, bad: str, path
     for step in reversed(path):
         source = f"{{ a: {source} }}" if step == "a" else f"[{source}]"
     code = f"const good = {json.dumps(data)}; [good, {source}]".replace("__BAD__", bad)
-    if bad == "undefined" and not path:
-        code = f"const good = {json.dumps(data)}; [good, undefined]"
     assert error(run(code))[0] == "serialization_error"
     # The same value as a tool input rejects the guest's promise and sends no tool_call.
     seen: list = []
@@ -74,6 +71,21 @@ def test_a_bad_value_anywhere_is_a_serialization_error(data: Any, bad: str, path
         "runtime_error",
     )
     assert seen == []
+
+
+@FAST
+@given(json_values, st.lists(st.sampled_from(["a", 0]), max_size=4))
+def test_nested_undefined_serializes_as_json_stringify_does(data: Any, path: list) -> None:
+    """Final results and tool inputs with undefined anywhere below the top match JSON.stringify."""
+    source = "undefined"
+    for step in reversed(path):
+        source = f"{{ a: {source}, b: 1 }}" if step == "a" else f"[{source}, 1]"
+    value_source = f"[{json.dumps(data)}, {source}]"
+    expected = json.loads(value(run(f"JSON.stringify({value_source})")))
+    assert value(run(value_source)) == expected
+    seen: list = []
+    run(f"await tools.echo({value_source})", record=seen)
+    assert seen == [("tools", "echo", expected)]
 
 
 def utf16_len(text: str) -> int:

@@ -24,8 +24,11 @@
   const toStr = String;
   const isError = Error.isError;
   const ErrorCtor = Error;
-  const InternalErrorPrototype = InternalError.prototype;
+  const TypeErrorCtor = TypeError;
   const PromiseCtor = Promise;
+  const ProxyCtor = Proxy;
+  const reflectConstruct = Reflect.construct;
+  const reflectApply = Reflect.apply;
   const promiseThen = uncurry(Promise.prototype.then);
   const resolved = Promise.resolve();
   const toWellFormed = uncurry(String.prototype.toWellFormed);
@@ -38,19 +41,60 @@
   const mapClear = uncurry(Map.prototype.clear);
   const weakMapGet = uncurry(WeakMap.prototype.get);
   const weakMapSet = uncurry(WeakMap.prototype.set);
+  const weakSetAdd = uncurry(WeakSet.prototype.add);
+  const weakSetHas = uncurry(WeakSet.prototype.has);
   const getOwnDescriptor = Object.getOwnPropertyDescriptor;
+  const stackOf = uncurry(getOwnDescriptor(Error.prototype, "stack").get);
+  const captureStackTrace = Error.captureStackTrace;
 
   // ---------------------------------------------------------------- engine hooks
   // Hooks through which guest code could run inside engine-raised errors, or
   // raise exceptions outside any promise, are closed before the guest starts.
   defineProperty(ErrorCtor, "prepareStackTrace", { value: undefined, writable: false, configurable: false });
-  delete G.InternalError; // guest code cannot construct engine-looking errors by name
   delete G.FinalizationRegistry; // its callbacks would throw outside any promise
   delete G.WeakRef;
 
+  // ---------------------------------------------------------------- engine errors
+  // Every error that JavaScript code constructs, the guest's or the bootstrap's,
+  // is recorded in `made` as it is constructed: each error constructor is
+  // replaced by a proxy, wherever guest code could reach it (the global, the
+  // prototype's `constructor`, the parent of a derived constructor). An error
+  // object missing from `made` was raised by the engine itself. The stack of a
+  // recorded error starts where the guest constructed it, not in a trap below.
+  const made = new WeakSet();
+  const recorded = (error, trap) => {
+    captureStackTrace(error, trap);
+    weakSetAdd(made, error);
+    return error;
+  };
+  const construct = (target, args, newTarget) => recorded(reflectConstruct(target, args, newTarget), construct);
+  const apply = (target, self, args) => recorded(reflectApply(target, self, args), apply);
+  const recorders = new MapCtor(); // constructor -> its recording proxy
+  const ERROR_CONSTRUCTORS = ["Error", "EvalError", "RangeError", "ReferenceError", "SyntaxError", "TypeError", "URIError", "AggregateError", "SuppressedError", "DOMException"];
+  const recording = (raw) => {
+    const proxy = new ProxyCtor(raw, {
+      __proto__: null,
+      construct,
+      apply,
+      getPrototypeOf: (target) => {
+        const parent = getPrototypeOf(target);
+        const recorder = mapGet(recorders, parent);
+        return recorder === undefined ? parent : recorder;
+      },
+    });
+    mapSet(recorders, raw, proxy);
+    defineProperty(raw.prototype, "constructor", { value: proxy, writable: true, enumerable: false, configurable: true });
+    return proxy;
+  };
+  for (const name of ERROR_CONSTRUCTORS) {
+    const raw = G[name];
+    if (typeof raw === "function") defineProperty(G, name, { value: recording(raw), writable: true, enumerable: false, configurable: true });
+  }
+  recording(InternalError); // reachable only as the constructor of an engine-raised InternalError
+  delete G.InternalError;
+
   // ---------------------------------------------------------------- outcome state
   const TIMEOUT_MESSAGE = "Execution timed out";
-  const MEMORY_MESSAGE = "Memory limit exceeded";
   const trusted = new WeakMap(); // host-made errors -> [code, message]; never on the error itself
   const pending = new MapCtor(); // call id -> [resolve, reject]
   const outbox = new MapCtor(); // call id -> JSON text of [id, provider, tool, input]
@@ -61,7 +105,9 @@
   let maxLogLines = 0;
   let logCharsLeft = 0;
   let aborting = false;
-  let outcome = null; // JSON text of [status, payload] once settled
+  // JSON text once settled: [1, value], [2] (undefined), [3, code, message] (final),
+  // or [4, message, engine stack or null] (a guest failure, for the worker to judge).
+  let outcome = null;
 
   class SerializationFailure {
     constructor(detail) {
@@ -80,8 +126,10 @@
 
   // ---------------------------------------------------------------- serialization
   // Transport-safe values only: null, strings, booleans, finite numbers, arrays
-  // and plain objects (prototype Object.prototype or null). undefined only at the
-  // top (handled by the callers). Shared sub-values are fine, cycles are not.
+  // and plain objects (prototype Object.prototype or null). Nested undefined is
+  // as JSON.stringify has it: an object property left out, null in an array (a
+  // hole reads as undefined); undefined at the top is handled by the callers.
+  // Shared sub-values are fine, cycles are not.
   const MAX_DEPTH = 256;
   const describe = (value) => {
     if (value === undefined) return "undefined";
@@ -116,20 +164,20 @@
       const length = value.length;
       for (let i = 0; i < length; i++) {
         const item = value[i];
-        if (item === undefined) throw new SerializationFailure(`undefined at ${path}[${i}]`);
-        text += (i ? "," : "") + serialize(item, `${path}[${i}]`, ancestors, depth + 1);
+        text += (i ? "," : "") + (item === undefined ? "null" : serialize(item, `${path}[${i}]`, ancestors, depth + 1));
       }
       text += "]";
     } else {
       if (proto !== ObjectPrototype && proto !== null) throw new SerializationFailure(`${describe(value)} at ${path}`);
       text = "{";
       const keys = objectKeys(value);
+      let first = true;
       for (let i = 0; i < keys.length; i++) {
         const key = keys[i];
         const item = value[key];
-        const where = `${path}.${key}`;
-        if (item === undefined) throw new SerializationFailure(`undefined at ${where}`);
-        text += (i ? "," : "") + stringify(toWellFormed(key)) + ":" + serialize(item, where, ancestors, depth + 1);
+        if (item === undefined) continue;
+        text += (first ? "" : ",") + stringify(toWellFormed(key)) + ":" + serialize(item, `${path}.${key}`, ancestors, depth + 1);
+        first = false;
       }
       text += "}";
     }
@@ -180,7 +228,7 @@
   // A microtask that throws would escape every promise; report it as the guest's failure instead.
   defineProperty(G, "queueMicrotask", {
     value: function queueMicrotask(callback) {
-      if (typeof callback !== "function") throw new TypeError("queueMicrotask requires a function");
+      if (typeof callback !== "function") throw recorded(new TypeErrorCtor("queueMicrotask requires a function"), queueMicrotask);
       promiseThen(resolved, () => {
         try {
           callback();
@@ -215,8 +263,7 @@
     return promise;
   };
 
-  const install = (providersText, lines, chars, memoryLimit) => {
-    headroomProbe = memoryLimit / 4;
+  const install = (providersText, lines, chars) => {
     maxLogLines = lines;
     logCharsLeft = chars;
     const providers = parse(providersText);
@@ -233,13 +280,6 @@
   };
 
   // ---------------------------------------------------------------- outcome
-  const isEngineOutOfMemory = (error) => {
-    if (error === null || typeof error !== "object" || !isError(error)) return false;
-    if (getPrototypeOf(error) !== InternalErrorPrototype) return false;
-    const message = getOwnDescriptor(error, "message");
-    return message !== undefined && message.value === "out of memory";
-  };
-
   const errorMessage = (error) => {
     try {
       if (error !== null && (typeof error === "object" || typeof error === "function")) {
@@ -256,12 +296,23 @@
     if (outcome === null) outcome = `[3,${stringify(code)},${stringify(toWellFormed(message))}]`;
   };
 
+  // JSON text of the stack of an error the engine raised ("" if it has none), else null.
+  const engineStack = (error) => {
+    if (!isError(error) || weakSetHas(made, error)) return "null";
+    try {
+      const stack = stackOf(error);
+      if (typeof stack === "string") return stringify(toWellFormed(stack));
+    } catch {}
+    return '""';
+  };
+
+  // A trusted host error keeps its code; anything else thrown is judged by the
+  // worker (memory_limit on evidence, the position of an engine error).
   const fail = (error) => {
     if (outcome !== null) return;
     const record = error !== null && typeof error === "object" ? weakMapGet(trusted, error) : undefined;
     if (record !== undefined) settleError(record[0], record[1]);
-    else if (isEngineOutOfMemory(error) || (error === null && memoryExhausted)) settleError("memory_limit", MEMORY_MESSAGE);
-    else settleError("runtime_error", errorMessage(error));
+    else outcome = `[4,${stringify(toWellFormed(errorMessage(error)))},${engineStack(error)}]`;
   };
 
   const succeed = (value) => {
@@ -278,28 +329,10 @@
     }
   };
 
-  // When memory is exhausted the engine may not manage to allocate its error and
-  // throws null, which guest code can also throw. guard() is handed only to the
-  // guest's top frame (see guest.py) and called there with what was thrown while
-  // the guest's memory is still held: if a quarter of the limit cannot be
-  // allocated either, memory really is exhausted, and that is recorded here,
-  // outside the guest's reach, allocating nothing.
-  const Uint8ArrayCtor = Uint8Array;
-  let headroomProbe = 1;
-  let memoryExhausted = false;
-  const guard = (error) => {
-    if (error !== null || memoryExhausted) return;
-    try {
-      new Uint8ArrayCtor(headroomProbe);
-    } catch {
-      memoryExhausted = true;
-    }
-  };
-
   const start = (main) => {
     let promise;
     try {
-      promise = main(guard);
+      promise = main();
     } catch (error) {
       fail(error);
       return;
@@ -343,7 +376,7 @@
   return (op, a, b, c, d, e) => {
     switch (op) {
       case "install":
-        return install(a, b, c, d);
+        return install(a, b, c);
       case "start":
         return start(a);
       case "poll":

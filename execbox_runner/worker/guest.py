@@ -28,7 +28,8 @@ import quickjs
 from ..protocol import ipc
 from ..protocol.messages import ErrorCode
 from . import native
-from .normalize import Program, normalize
+from .failure import escaped_failure, guest_failure
+from .normalize import normalize
 
 BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_text()
 # Where compiled bootstrap code leaves its dispatcher for ``fresh_runtime`` to
@@ -40,25 +41,12 @@ MAX_STACK_BYTES: Final = 1 << 20
 # CPU time a cancelled guest gets to run its finally blocks and last logs.
 ABORT_BUDGET_S: Final = 0.002
 TIMEOUT_MESSAGE: Final = "Execution timed out"
-MEMORY_MESSAGE: Final = "Memory limit exceeded"
 
 _Call = tuple[int, str, str, bool, msgspec.Raw]
 _poll_decoder: Final = msgspec.json.Decoder(tuple[list[_Call], list[str], list[msgspec.Raw] | None])
 _int_decoder: Final = msgspec.json.Decoder(int)
 _str_decoder: Final = msgspec.json.Decoder(str)
-
-
-def guarded_source(program: Program) -> str:
-    """The program as an async function whose top frame reports exhausted memory.
-
-    Its catch clause hands whatever the guest body threw to the bootstrap's
-    ``guard`` while the guest's memory is still held (see bootstrap.js). The
-    parameter name is random per execution, so guest code cannot reach the guard.
-    """
-    if program.body is None:
-        return "(" + program.source() + ")"
-    tag = "__execbox_" + secrets.token_hex(8)
-    return f"(async ({tag}_guard) => {{\ntry {{\n{program.body}\n}} catch ({tag}_e) {{ {tag}_guard({tag}_e); throw {tag}_e; }}\n}})"
+_stack_decoder: Final = msgspec.json.Decoder(str | None)
 
 
 class Runtime:
@@ -109,6 +97,9 @@ class GuestRun:
         runtime = runtime or fresh_runtime()
         self.context = runtime.context
         self.api = runtime.api
+        self.program = normalize(run.code)
+        self.memory = native.MemoryLimit(self.context, run.memory_limit)
+        self._refusals_before = 0  # refusals when the guest last resumed
         self.waiting: set[int] = set()  # tool calls the guest awaits
         self.finished: ipc.Finished | None = None
         self.interrupt_requested = False
@@ -120,11 +111,9 @@ class GuestRun:
     def start(self) -> ipc.ToolCalls | ipc.Finished:
         run = self.run
         try:
-            # The limit applies to guest allocations, not to the runner's own set-up.
-            self.context.set_memory_limit(run.memory_limit)
-            self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars, run.memory_limit)
+            self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars)
             self._arm()
-            main = self.context.eval(guarded_source(normalize(run.code)))
+            main = self.context.eval(self.program.source)
             self._arm()
             self.api("start", main)
         except quickjs.JSException as exc:
@@ -185,6 +174,7 @@ class GuestRun:
         return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
 
     def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
+        self._refusals_before = self.memory.refusals  # the guest resumes: older refusals are not its failure's
         if message.call_id in self.waiting:
             self.waiting.discard(message.call_id)
             value = None if message.value is None else message.value.decode()
@@ -245,26 +235,33 @@ class GuestRun:
             return self._finish(True, result, None, "", logs)
         if status == 2:
             return self._finish(True, None, None, "", logs)
-        code: ErrorCode = msgspec.json.decode(outcome[1], type=ErrorCode)
-        return self._finish(False, None, code, _str_decoder.decode(outcome[2]), logs)
+        if status == 3:
+            code: ErrorCode = msgspec.json.decode(outcome[1], type=ErrorCode)
+            return self._finish(False, None, code, _str_decoder.decode(outcome[2]), logs)
+        code, message = guest_failure(
+            _str_decoder.decode(outcome[1]),
+            _stack_decoder.decode(outcome[2]),
+            self.program,
+            refused=self._refused(),
+            memory_limit=self.run.memory_limit,
+        )
+        return self._finish(False, None, code, message, logs)
+
+    def _refused(self) -> bool | None:
+        """Whether an allocation was refused since the guest last resumed; None if not counted."""
+        return self.memory.refusals > self._refusals_before if self.memory.counts else None
 
     def _engine_failure(self, exc: quickjs.JSException) -> ipc.ToolCalls | ipc.Finished:
-        """An exception that escaped to Python came from the engine, not from guest values.
-
-        Guest throws become promise rejections inside the bootstrap; what reaches
-        here is an interrupt, an out-of-memory the engine could not even turn into
-        an error object, a stack overflow, or a syntax error in the guest code.
-        """
-        first_line = str(exc).split("\n", 1)[0]
-        if first_line == "InternalError: interrupted" and self.interrupt_requested:
+        """An exception that escaped to Python: an interrupt, or see ``failure.escaped_failure``."""
+        text = str(exc)
+        interrupted = text.split("\n", 1)[0] == "InternalError: interrupted"
+        if interrupted and self.interrupt_requested:
             return _NO_PROGRESS  # stopped for an abort, which collects the logs
         logs = self._salvage_logs()
-        if first_line == "InternalError: interrupted":
+        if interrupted:
             return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
-        if first_line in ("InternalError: out of memory", "null"):
-            return self._finish(False, None, "memory_limit", MEMORY_MESSAGE, logs)
-        message = first_line.split(": ", 1)[1] if ": " in first_line else first_line
-        return self._finish(False, None, "runtime_error", message, logs, recycle=isinstance(exc, quickjs.StackOverflow))
+        code, message = escaped_failure(text, self.program, refused=self._refused())
+        return self._finish(False, None, code, message, logs, recycle=isinstance(exc, quickjs.StackOverflow))
 
     def _salvage_logs(self) -> list[str]:
         """Best effort: the lines logged before an engine failure, if the runtime can still say."""

@@ -1,7 +1,7 @@
 """Reaching past the quickjs binding into QuickJS itself, where the binding falls short.
 
-The binding can neither stop a context that is running JavaScript nor reuse
-compiled code, and both matter here:
+The binding can neither stop a context that is running JavaScript, nor reuse
+compiled code, nor say that an allocation was refused, and all three matter here:
 
 * ``poke`` interrupts a running guest from another thread. The binding's
   interrupt check compares process CPU time with ``interrupt_data.start`` and
@@ -12,19 +12,29 @@ compiled code, and both matter here:
 * ``Bytecode`` compiles the bootstrap once per process and loads it into each
   fresh context (``JS_WriteObject``/``JS_ReadObject``, exported by the
   binding's library), about four times faster than compiling its source again.
+* ``MemoryLimit`` enforces the guest's memory limit in QuickJS's allocator
+  hooks (``JSRuntime.mf``, which the arena allocator calls for each 4 KiB arena
+  and each large block) instead of QuickJS's own check, and counts what it
+  refuses. A refusal is the evidence of a real out-of-memory: QuickJS's own
+  failure values (an error object, ``null``, or no value at all when even that
+  cannot be allocated) are all values guest code can make or hold.
 
 Both depend on the binding's private ``ContextData`` layout, verified once per
 process: the exported ``JS_GetRuntime`` must map the stored context pointer to
-the stored runtime pointer, and an engine call must copy the stored time limit
-into the interrupt data. Where that fails, ``SUPPORTED`` is false: ``poke`` does
-nothing (the daemon then kills a worker that does not stop in time) and the
-worker evaluates the bootstrap source instead.
+the stored runtime pointer, an engine call must copy the stored time limit
+into the interrupt data, and the runtime's ``JSMallocState`` must say what
+``JS_ComputeMemoryUsage`` says. Where that fails, ``SUPPORTED`` is false:
+``poke`` does nothing (the daemon then kills a worker that does not stop in
+time), the worker evaluates the bootstrap source instead, and ``MemoryLimit``
+falls back to QuickJS's own limit, which counts nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
+import weakref
 from typing import Final
 
 import quickjs
@@ -49,6 +59,32 @@ class _JSValue(ctypes.Structure):
     """QuickJS's JSValue on 64-bit builds without NaN-boxing: a union and a tag."""
 
     _fields_ = [("u", ctypes.c_int64), ("tag", ctypes.c_int64)]
+
+
+class _Allocator(ctypes.Structure):
+    """The head of QuickJS's JSRuntime: JSMallocFunctions, then JSMallocState."""
+
+    _fields_ = [
+        ("calloc", ctypes.c_void_p),
+        ("malloc", ctypes.c_void_p),
+        ("free", ctypes.c_void_p),
+        ("realloc", ctypes.c_void_p),
+        ("usable_size", ctypes.c_void_p),
+        ("count", ctypes.c_size_t),
+        ("size", ctypes.c_size_t),
+        ("limit", ctypes.c_size_t),
+        ("opaque", ctypes.c_void_p),
+    ]
+
+
+_MALLOC: Final = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_CALLOC: Final = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)
+_REALLOC: Final = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_USABLE_SIZE: Final = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_void_p)
+
+
+def _allocator(context: quickjs.Context) -> _Allocator:
+    return _Allocator.from_address(_word(context, _RUNTIME).value)
 
 
 def _word(context: quickjs.Context, offset: int) -> ctypes.c_long:
@@ -95,7 +131,15 @@ def _layout_holds(lib: ctypes.CDLL) -> bool:
         stored = _word(context, _TIME_LIMIT).value
         if stored <= 0 or stored != _word(context, _LIMIT).value:
             return False
-    return True
+    context.set_memory_limit(123 << 20)
+    usage = context.memory()
+    allocator = _allocator(context)
+    return (allocator.count, allocator.size, allocator.limit, allocator.opaque) == (
+        usage["malloc_count"],
+        usage["malloc_size"],
+        123 << 20,
+        None,
+    )
 
 
 _lib: Final = _load_library()
@@ -146,3 +190,105 @@ class Bytecode:
         if result.tag == _EXCEPTION_TAG:
             raise NativeError("bytecode raised an exception")
         _lib.JS_FreeValue(js_context, result)
+
+
+def _pointers(allocator: _Allocator) -> tuple[int | None, ...]:
+    return (allocator.calloc, allocator.malloc, allocator.realloc, allocator.usable_size)
+
+
+class _Defaults:
+    """QuickJS's own allocator functions (every runtime of the binding starts with them)."""
+
+    def __init__(self, context: quickjs.Context) -> None:
+        self.pointers = _pointers(_allocator(context))
+        calloc, malloc, realloc, usable_size = (pointer or 0 for pointer in self.pointers)
+        self.calloc = _CALLOC(calloc)
+        self.malloc = _MALLOC(malloc)
+        self.realloc = _REALLOC(realloc)
+        self.usable_size = _USABLE_SIZE(usable_size)
+
+
+_defaults: Final = _Defaults(quickjs.Context()) if SUPPORTED else None
+
+
+class _Budget:
+    """What a runtime's hooks need: its allocator state, its limit, its refusals."""
+
+    __slots__ = ("allocator", "limit", "refusals")
+
+    def __init__(self, allocator: _Allocator, limit: int) -> None:
+        self.allocator = allocator
+        self.limit = limit
+        self.refusals = 0
+
+    def refuses(self, size: int) -> bool:
+        if self.allocator.size + size <= self.limit:
+            return False
+        self.refusals += 1
+        return True
+
+
+# Budgets of live MemoryLimits, by the key their runtime's hooks receive as opaque pointer.
+_budgets: Final[dict[int, _Budget]] = {}
+_keys: Final = itertools.count(1)
+
+
+class MemoryLimit:
+    """A runtime's memory limit, enforced where a refusal can be counted (see the module docstring).
+
+    The check runs when QuickJS asks its backing allocator for memory: for a
+    new arena of small blocks or for a large block, so the limit is exact for
+    large allocations and may be passed by the free space of the arenas in use.
+    Without the native layout, QuickJS enforces the limit itself and
+    ``refusals`` stays 0 (``counts`` is False).
+    """
+
+    def __init__(self, context: quickjs.Context, limit: int) -> None:
+        allocator = _allocator(context) if _defaults is not None else None
+        self.counts = allocator is not None and _pointers(allocator) == _defaults.pointers  # type: ignore[union-attr]
+        if allocator is None or not self.counts:
+            self._budget: _Budget | None = None
+            context.set_memory_limit(limit)
+            return
+        self._budget = _Budget(allocator, limit)
+        key = next(_keys)
+        _budgets[key] = self._budget
+        # The runtime may outlive this object (a finished run not yet freed): its
+        # hooks then find no budget under their key and allocate freely.
+        weakref.finalize(self, _budgets.pop, key, None)
+        allocator.limit = 0  # QuickJS's own check off: the hooks enforce the limit
+        allocator.opaque = key
+        allocator.calloc, allocator.malloc, allocator.realloc = _HOOKS
+
+    @property
+    def refusals(self) -> int:
+        """Allocations refused for this runtime so far."""
+        return 0 if self._budget is None else self._budget.refusals
+
+
+def _calloc_hook(key: int | None, count: int, size: int) -> int | None:
+    budget = _budgets.get(key or 0)
+    if budget is not None and budget.refuses(count * size):
+        return None
+    assert _defaults is not None
+    return _defaults.calloc(key, count, size)  # type: ignore[no-any-return]
+
+
+def _malloc_hook(key: int | None, size: int) -> int | None:
+    budget = _budgets.get(key or 0)
+    if budget is not None and budget.refuses(size):
+        return None
+    assert _defaults is not None
+    return _defaults.malloc(key, size)  # type: ignore[no-any-return]
+
+
+def _realloc_hook(key: int | None, pointer: int | None, size: int) -> int | None:
+    budget = _budgets.get(key or 0)
+    assert _defaults is not None
+    if budget is not None and budget.refuses(size - (_defaults.usable_size(pointer) if pointer else 0)):
+        return None
+    return _defaults.realloc(key, pointer, size)  # type: ignore[no-any-return]
+
+
+_CALLBACKS: Final = (_CALLOC(_calloc_hook), _MALLOC(_malloc_hook), _REALLOC(_realloc_hook))
+_HOOKS: Final = tuple(ctypes.cast(callback, ctypes.c_void_p).value for callback in _CALLBACKS)

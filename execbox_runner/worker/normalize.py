@@ -14,12 +14,16 @@ normalization (acorn-based in TypeScript), using a real JavaScript parser
 * top-level ``await`` works everywhere, because the body runs in an async function.
 
 Code that does not parse is wrapped unchanged, so the engine reports the syntax
-error with its own message. ``Program.source()`` is the JavaScript source of an
-async function expression, which the worker evaluates and calls.
+error with its own message. ``Program.source`` is the JavaScript source of an
+async function expression, which the worker evaluates and calls; the program
+remembers where each copied stretch of it came from, so that ``Program.locate``
+turns an engine position back into a line and column of the code as the host
+sent it.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,42 +44,96 @@ def strip_fence(code: str) -> str:
     The opening fence line must end in a newline; the closing fence must end the
     input. Anything else is returned unchanged.
     """
+    start, end = _fence_body(code)
+    return code[start:end]
+
+
+def _fence_body(code: str) -> tuple[int, int]:
+    """Where ``strip_fence``'s answer lies in ``code``."""
     text = code.strip()
+    lead = len(code) - len(code.lstrip())
     if not text.startswith(_FENCE) or not text.endswith(_FENCE):
-        return code
+        return 0, len(code)
     first_newline = text.find("\n")
     if first_newline < 0 or first_newline + 1 > len(text) - len(_FENCE):
-        return code
-    body = text[first_newline + 1 : -len(_FENCE)]
-    return body[:-1] if body.endswith("\n") else body
+        return 0, len(code)
+    start, end = lead + first_newline + 1, lead + len(text) - len(_FENCE)
+    return start, end - 1 if code[start:end].endswith("\n") else end
 
 
 @dataclass(frozen=True)
 class Program:
-    """Normalized guest code: the body of an async function, or a lone async arrow to call."""
+    """Normalized guest code: an async function expression, and the origin of its text.
 
-    body: str | None = None
-    arrow: str | None = None
+    ``pieces`` are the stretches copied from the host's code, as (offset in
+    ``source``, offset in the code, length), in order; the rest is wrapping.
+    """
 
-    def source(self) -> str:
-        """JavaScript source of the async function expression that runs the program."""
-        if self.arrow is not None:
-            return self.arrow
-        return "async () => {\n" + self.body + "\n}" if self.body else "async () => {}"
+    source: str
+    code: str
+    pieces: tuple[tuple[int, int, int], ...] = ()
+
+    def locate(self, line: int, column: int) -> tuple[int, int] | None:
+        """The host's (line, column) for QuickJS's position in ``source``, both from 1.
+
+        QuickJS counts columns in UTF-8 bytes; the answer counts characters.
+        None when the position falls in the wrapping, not in the host's text.
+        """
+        lines = self.source.split("\n")
+        if not 1 <= line <= len(lines):
+            return None
+        in_line = lines[line - 1].encode()[: max(column - 1, 0)].decode(errors="ignore")
+        offset = sum(len(text) + 1 for text in lines[: line - 1]) + len(in_line)
+        index = bisect_right([piece[0] for piece in self.pieces], offset) - 1
+        if index < 0:
+            return None
+        at, origin, length = self.pieces[index]
+        if offset - at > length:
+            return None
+        original = origin + offset - at
+        line_start = self.code.rfind("\n", 0, original) + 1
+        return self.code.count("\n", 0, original) + 1, original - line_start + 1
+
+
+class _Builder:
+    """Program text assembled from wrapping and stretches of the host's code."""
+
+    def __init__(self, code: str) -> None:
+        self.code = code
+        self.parts: list[str] = []
+        self.pieces: list[tuple[int, int, int]] = []
+        self.length = 0
+
+    def add(self, text: str, origin: int | None = None) -> _Builder:
+        if origin is not None and text:
+            self.pieces.append((self.length, origin, len(text)))
+        self.parts.append(text)
+        self.length += len(text)
+        return self
+
+    def program(self) -> Program:
+        return Program("".join(self.parts), self.code, tuple(self.pieces))
 
 
 def normalize(code: str) -> Program:
     """Normalize guest code as execbox does (see the module docstring)."""
-    source = strip_fence(code).strip()
+    start, end = _fence_body(code)
+    source = code[start:end]
+    start += len(source) - len(source.lstrip())
+    source = source.strip()
+    build = _Builder(code)
     if not source:
-        return Program(body="")
+        return build.add("(async () => {})").program()
     data = source.encode()
     root = _parser().parse(data).root_node
-    if root.has_error:
-        return Program(body=source)
     statements = [node for node in root.named_children if node.type != "comment"]
-    if not statements:
-        return Program(body="")
+    body = build.add("(async () => {\n")
+    if root.has_error or not statements:
+        return body.add(source, start).add("\n})").program()
+
+    def at(byte: int) -> int:
+        """Offset in ``code`` of a byte offset in ``data``."""
+        return start + len(data[:byte].decode())
 
     def text(node: tree_sitter.Node) -> str:
         return data[node.start_byte : node.end_byte].decode()
@@ -85,15 +143,17 @@ def normalize(code: str) -> Program:
         if last.type in {"function_declaration", "generator_function_declaration"}:
             name = last.child_by_field_name("name")
             if name is not None:
-                return Program(body=source + "\nreturn " + text(name) + "();")
+                return body.add(source, start).add("\nreturn " + text(name) + "();\n})").program()
         expression = _expression(last)
         if expression is not None and expression.type == "arrow_function" and _is_async(expression):
-            return Program(arrow=text(expression))
+            return _Builder(code).add("(").add(text(expression), at(expression.start_byte)).add(")").program()
     expression = _expression(last)
     if expression is None:
-        return Program(body=source)
+        return body.add(source, start).add("\n})").program()
     prefix = data[: last.start_byte].decode().rstrip()
-    return Program(body=(prefix + "\n" if prefix else "") + "return (" + text(expression) + ");")
+    if prefix:
+        body.add(prefix, start).add("\n")
+    return body.add("return (").add(text(expression), at(expression.start_byte)).add(");\n})").program()
 
 
 def _expression(statement: tree_sitter.Node) -> tree_sitter.Node | None:

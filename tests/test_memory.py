@@ -1,0 +1,119 @@
+"""memory_limit in real QuickJS: every real out-of-memory, at every limit, and nothing a guest can forge."""
+
+import msgspec
+import pytest
+
+from execbox_runner.protocol import ipc
+from execbox_runner.worker import native
+from execbox_runner.worker.guest import GuestRun
+
+from .guestkit import HostError, error, run, value
+
+MIB = 1 << 20
+
+SHAPES = {
+    "object map": "const m = {}; for (let i = 0; ; i++) m['k' + i] = { i }",
+    "arrays of arrays": "const a = []; while (true) a.push(new Array(1000).fill(a.length))",
+    "many strings": "const a = []; for (let i = 0; ; i++) a.push('s' + i + 'x'.repeat(100))",
+    "one big ArrayBuffer": "new ArrayBuffer(LIMIT)",
+    "string doubling": "let s = 'x'; while (true) s += s",
+    "string doubling, materialized": "let s = 'x'; while (true) { s += s; s.charCodeAt(s.length - 1) }",
+    "deep JSON.parse": "const one = '['.repeat(1000) + ']'.repeat(1000); const keep = []; while (true) keep.push(JSON.parse(one))",
+    "deep JSON.parse of a huge text": "JSON.parse('['.repeat(LIMIT) + ']'.repeat(LIMIT))",
+    "in a nested frame": "function fill() { const m = []; for (;;) m.push({ a: [m.length] }) } fill()",
+    "caught and rethrown": "try { const a = []; while (true) a.push(new Array(1000).fill(1)) } catch (e) { throw e }",
+    "caught, rethrown as the guest's own": "try { const a = []; while (true) a.push([a.length]) } catch (e) { throw new Error('gave up') }",
+}
+
+
+@pytest.mark.parametrize("limit", [1, 8, 16, 64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_real_out_of_memory_is_memory_limit(shape: str, limit: int) -> None:
+    finished = run(SHAPES[shape].replace("LIMIT", str(limit * MIB)), memory=limit * MIB, budget=30)
+    assert (finished.code, finished.message, finished.recycle) == ("memory_limit", "Memory limit exceeded", True)
+
+
+def test_out_of_memory_from_which_the_guest_recovers_is_not_a_failure() -> None:
+    code = "let n = 0; try { const a = []; while (true) a.push(new Array(1000).fill(n++)) } catch {} n > 0"
+    assert value(run(code, memory=8 * MIB)) is True
+
+
+def test_a_large_allocation_within_the_limit_succeeds() -> None:
+    assert value(run("new Uint8Array(40 << 20).length", memory=64 * MIB)) == 40 << 20
+
+
+FORGERIES = {
+    "null": "throw null",
+    "null while holding most of the memory": "const keep = new Uint8Array(7 << 20); throw null",
+    "the message": "throw new Error('out of memory')",
+    "an InternalError from a caught 'string too long'": """
+        try { let s = 'x'; while (true) s += s } catch (e) { throw new e.constructor('out of memory') }""",
+    "Reflect.construct with InternalError's prototype": """
+        let proto;
+        try { let s = 'x'; while (true) s += s } catch (e) { proto = Object.getPrototypeOf(e) }
+        function F() {}
+        F.prototype = proto;
+        throw Reflect.construct(Error, ['out of memory'], F)""",
+    "a 'string too long' made by the guest": """
+        try { let s = 'x'; while (true) s += s } catch (e) { throw Reflect.construct(Error, ['string too long'], e.constructor) }""",
+    "a re-prototyped Error": """
+        try { let s = 'x'; while (true) s += s } catch (e) {
+          throw Object.setPrototypeOf(new Error('out of memory'), Object.getPrototypeOf(e))
+        }""",
+    "a real out-of-memory error kept past a tool call": """
+        let kept;
+        function fill() { const a = []; while (true) a.push(new Array(1000).fill(1)) }
+        try { fill() } catch (e) { kept = e }
+        await tools.echo(1);
+        throw kept""",
+    "null after a tool call that followed a real out-of-memory": """
+        function fill() { const a = []; while (true) a.push(new Array(1000).fill(1)) }
+        try { fill() } catch {}
+        await tools.echo(1);
+        throw null""",
+}
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_guests_cannot_forge_memory_limit(forgery: str) -> None:
+    finished = run(FORGERIES[forgery], memory=8 * MIB)
+    assert finished.code == "runtime_error", finished.message
+
+
+def test_uninitialized_never_reaches_the_host() -> None:
+    # QuickJS leaves no exception value at all when it cannot allocate an atom.
+    finished = run("const m = {}; for (let i = 0; ; i++) m['k' + i] = { i }", memory=8 * MIB)
+    assert "uninitialized" not in finished.message
+    assert finished.code == "memory_limit"
+
+
+def test_a_trusted_host_error_keeps_its_code_even_right_after_an_out_of_memory() -> None:
+    def host(provider: str, tool: str, data: object) -> object:
+        raise HostError("tool_error", "upstream down")
+
+    code = "function fill() { const a = []; while (true) a.push([a.length]) }\ntry { fill() } catch {}\nawait tools.fail(1)"
+    assert error(run(code, memory=8 * MIB, host=host)) == ("tool_error", "upstream down")
+
+
+def test_without_the_native_layout_quickjs_enforces_the_limit_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native, "_defaults", None)
+    assert run(SHAPES["arrays of arrays"], memory=8 * MIB).code == "memory_limit"
+    assert error(run("throw null", memory=8 * MIB)) == ("runtime_error", "null")
+    assert run(FORGERIES["an InternalError from a caught 'string too long'"]).code == "runtime_error"
+
+
+def test_refusals_are_counted_per_runtime() -> None:
+    bomb = ipc.Run(
+        code=SHAPES["arrays of arrays"],
+        budget_s=10,
+        memory_limit=8 * MIB,
+        max_log_lines=10,
+        max_log_chars=100,
+        providers=[],
+        max_output_bytes=MIB,
+    )
+    calm, bomber = GuestRun(msgspec.structs.replace(bomb, code="1")), GuestRun(bomb)
+    finished = bomber.start()
+    assert isinstance(finished, ipc.Finished) and finished.code == "memory_limit"
+    assert calm.start() == ipc.Finished(ok=True, result=b"1", code=None, message="", logs=[])
+    assert (bomber.memory.refusals > 0, calm.memory.refusals) == (True, 0)
