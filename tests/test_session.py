@@ -83,6 +83,21 @@ def test_tool_calls_are_numbered_and_results_correlated_once() -> None:
     ]
 
 
+def test_a_tool_error_code_outside_the_stable_set_reaches_the_guest_as_tool_error_and_is_recorded() -> None:
+    session = started_session()
+    session.worker_tool_calls(calls(1, 2), 0.1)
+    for call, code in (("call-1", "not_found"), ("call-2", "validation_error")):
+        failing = {"type": "tool_result", "callId": call, "ok": False, "error": {"code": code, "message": "no page"}}
+        (action,) = session.receive_text(json.dumps(failing).encode(), 0.2)
+        expected = "tool_error" if code == "not_found" else code
+        assert action == SendToWorker(ipc.Settle(call_id=int(call[-1]), ok=False, code=expected, message="no page"))
+    finished = ipc.Finished(ok=False, result=None, code="tool_error", message="no page", logs=[])
+    actions = session.worker_finished(finished, 0.3)
+    assert sent(actions)[0]["error"] == {"code": "tool_error", "message": "no page"}
+    (record,) = [a for a in actions if isinstance(a, ExecutionEnded)]
+    assert record.unknown_tool_codes == ("not_found",)
+
+
 def test_undefined_input_omits_the_field_and_undefined_result_omits_result() -> None:
     session = started_session()
     (call,) = sent(session.worker_tool_calls(ipc.ToolCalls(calls=[(1, "tools", "echo", None)], logs=[]), 0.1))

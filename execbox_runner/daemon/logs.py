@@ -1,7 +1,8 @@
 """The daemon's logs: JSON lines (or plain text), one line per execution at least.
 
 Execution lines carry the id, outcome, error code, duration, tool-call count
-and peer. Guest code is never logged unless the operator asks for it
+and peer, and the codes of failing tool results that were outside the stable
+set (the guest saw them as ``tool_error``). Guest code is never logged unless the operator asks for it
 (``--log-guest-code``); tool inputs and results are never logged.
 """
 
@@ -56,6 +57,8 @@ def execution_ended(record: ExecutionEnded, peer: str, code: str | None) -> None
         "tool_calls": record.tool_calls,
         "peer": peer,
     }
+    if record.unknown_tool_codes:
+        fields["unknown_tool_error_codes"] = list(record.unknown_tool_codes)
     if code is not None:
         fields["guest_code"] = code
     EXECUTIONS.info("execution %s", record.outcome, extra=fields)

@@ -32,11 +32,21 @@ PositiveNumber = Annotated[float, Meta(gt=0)]
 Count = Annotated[int, Meta(ge=0)]
 
 
-class ErrorInfo(Struct, frozen=True):
-    """A failure: one of the stable codes and a human-readable message."""
+class ToolFailure(Struct, frozen=True):
+    """A failing ``tool_result``'s error, taken liberally: any ``code`` string.
+
+    A code outside the stable set reaches the guest as ``tool_error`` (see
+    ``session.py``); it is not a reason to fail the execution.
+    """
+
+    code: str
+    message: str
+
+
+class ErrorInfo(ToolFailure, frozen=True):
+    """A failure the runner reports: one of the stable codes and a human-readable message."""
 
     code: ErrorCode
-    message: str
 
 
 class ToolDescriptor(Struct, frozen=True):
@@ -96,7 +106,7 @@ class ToolResult(Struct, tag="tool_result", tag_field="type", frozen=True):
     callId: str
     ok: bool
     result: Raw | UnsetType = UNSET
-    error: ErrorInfo | UnsetType = UNSET
+    error: ToolFailure | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         if not self.ok and self.error is UNSET:

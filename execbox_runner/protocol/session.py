@@ -23,6 +23,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from . import ipc
 from .messages import (
+    ERROR_CODES,
     BadMessage,
     Cancel,
     Done,
@@ -31,6 +32,7 @@ from .messages import (
     Execute,
     Started,
     ToolCall,
+    ToolFailure,
     ToolResult,
     checked_json,
     decode_host,
@@ -93,6 +95,7 @@ class ExecutionEnded:
     tool_calls: int
     tool_latencies_s: tuple[float, ...]
     guest_code: str  # for operators who log it; "" for a refused execute
+    unknown_tool_codes: tuple[str, ...] = ()  # tool_result error codes outside the stable set, as sent
 
 
 Action: TypeAlias = SendToHost | StartRun | SendToWorker | ReleaseWorker | CloseTransport | ExecutionEnded
@@ -116,6 +119,7 @@ class _Execution:
     pending: dict[str, tuple[int, float]]  # callId -> (worker call id, when the tool_call went out)
     issued: set[int]  # every worker call id seen, to refuse repeats
     latencies: list[float]  # seconds from tool_call to tool_result, per settled call
+    unknown_codes: list[str]  # failing tool_results' codes outside the stable set
 
 
 class Session:
@@ -213,6 +217,7 @@ class Session:
             pending={},
             issued=set(),
             latencies=[],
+            unknown_codes=[],
         )
         self.phase = Phase.RUNNING
         self.deadline = deadline
@@ -240,8 +245,13 @@ class Session:
             value = None if message.result is UNSET else bytes(message.result)
             return [SendToWorker(ipc.Settle(call_id=call_id, ok=True, value=value))]
         error = message.error
-        assert isinstance(error, ErrorInfo)  # guaranteed by ToolResult.__post_init__
-        return [SendToWorker(ipc.Settle(call_id=call_id, ok=False, code=error.code, message=error.message))]
+        assert isinstance(error, ToolFailure)  # guaranteed by ToolResult.__post_init__
+        code = error.code
+        if code not in ERROR_CODES:
+            # Liberal in what we accept: the guest sees a trusted tool_error, the log the host's code.
+            ex.unknown_codes.append(code)
+            code = "tool_error"
+        return [SendToWorker(ipc.Settle(call_id=call_id, ok=False, code=code, message=error.message))]
 
     def _bad_message(self, bad: BadMessage, now: float) -> list[Action]:
         if bad.execute_id is not None:
@@ -403,7 +413,16 @@ def _rejected(exec_id: str, code: ErrorCode, message: str) -> list[Action]:
 
 
 def _record(ex: _Execution, now: float, outcome: str, code: ErrorCode | None) -> ExecutionEnded:
-    return ExecutionEnded(ex.id, outcome, code, now - ex.started_at, len(ex.issued), tuple(ex.latencies), ex.code)
+    return ExecutionEnded(
+        ex.id,
+        outcome,
+        code,
+        now - ex.started_at,
+        len(ex.issued),
+        tuple(ex.latencies),
+        ex.code,
+        tuple(ex.unknown_codes),
+    )
 
 
 def _close_reason(reason: str) -> str:

@@ -1,0 +1,42 @@
+"""A host error code outside the stable set, over a real socket: the guest sees tool_error, the log the code."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from websockets.sync.client import ClientConnection
+
+from .daemonkit import client, execute, receive, running_daemon
+
+
+def fail_next_tool_call(ws: ClientConnection, code: str, message: str) -> None:
+    call = receive(ws)
+    assert call["type"] == "tool_call"
+    ws.send(
+        json.dumps(
+            {"type": "tool_result", "callId": call["callId"], "ok": False, "error": {"code": code, "message": message}}
+        )
+    )
+
+
+def test_unknown_host_code_rejects_the_guest_promise_and_is_logged() -> None:
+    with running_daemon() as d:
+        with client(d.url) as ws:
+            caught = "try { await tools.hang({}) } catch (e) { return [e.code, e.message] }"
+            ws.send(execute("caught", caught))
+            assert receive(ws)["type"] == "started"
+            fail_next_tool_call(ws, "not_found", "no such page")
+            done = receive(ws)
+            assert (done["ok"], done["result"]) == (True, ["tool_error", "no such page"])
+
+            ws.send(execute("uncaught", "await tools.hang({})"))
+            assert receive(ws)["type"] == "started"
+            fail_next_tool_call(ws, "rate_limited", "slow down")
+            assert receive(ws)["error"] == {"code": "tool_error", "message": "slow down"}
+        time.sleep(0.2)
+        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+    executions = {line["execution_id"]: line for line in lines if line.get("logger") == "execbox_runner.executions"}
+    assert executions["caught"]["unknown_tool_error_codes"] == ["not_found"]
+    assert executions["uncaught"]["unknown_tool_error_codes"] == ["rate_limited"]
+    assert executions["uncaught"]["error_code"] == "tool_error"
