@@ -1,4 +1,5 @@
 import {
+  checkRuntimeOptions,
   internalErrorResult,
   resolveRuntimeOptions,
   runHostSession,
@@ -72,6 +73,11 @@ export class RunnerExecutor implements Executor {
     if (options.signal?.aborted) {
       return timeoutResult();
     }
+    const runtimeOptions = resolveRuntimeOptions(this.#options, options);
+    const invalid = checkRuntimeOptions(runtimeOptions);
+    if (invalid !== undefined) {
+      return { durationMs: 0, error: { code: "validation_error", message: invalid }, logs: [], ok: false };
+    }
     const controller = new AbortController();
     const onAbort = (): void => controller.abort();
     options.signal?.addEventListener("abort", onAbort, { once: true });
@@ -98,7 +104,7 @@ export class RunnerExecutor implements Executor {
           transport,
           code,
           providers,
-          runtimeOptions: resolveRuntimeOptions(this.#options, options),
+          runtimeOptions,
           signal: controller.signal,
           ...(this.#options.cancelGraceMs === undefined
             ? {}

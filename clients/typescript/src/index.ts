@@ -16,6 +16,7 @@ export {
   type WebSocketLike,
 } from "./transport.js";
 export {
+  checkRuntimeOptions,
   DEFAULT_CANCEL_GRACE_MS,
   DEFAULT_TIMEOUT_BACKSTOP_MS,
   resolveRuntimeOptions,

@@ -88,6 +88,20 @@ export function resolveRuntimeOptions(
   };
 }
 
+/**
+ * Why these limits cannot be sent (each must be a finite number, at least 0), or
+ * `undefined` when they can.
+ */
+export function checkRuntimeOptions(options: Required<ExecutorRuntimeOptions>): string | undefined {
+  for (const key of ["timeoutMs", "memoryLimitBytes", "maxLogLines", "maxLogChars"] as const) {
+    const value: unknown = options[key];
+    if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
+      return `${key} must be a finite number, at least 0 (got ${String(value)})`;
+    }
+  }
+  return undefined;
+}
+
 /** The metadata the runner gets: names, descriptions and types, never closures. */
 export function toProviderManifests(providers: ResolvedToolProvider[]): ProviderManifest[] {
   return providers.map((provider) => {
@@ -332,7 +346,11 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
       cancel();
     };
 
-    const backstopTimer = setTimeout(cancel, runtimeOptions.timeoutMs + backstopMs);
+    // setTimeout fires at once beyond 2^31 - 1 ms; the runner refuses such budgets anyway.
+    const backstopTimer = setTimeout(
+      cancel,
+      Math.min(runtimeOptions.timeoutMs + backstopMs, 2 ** 31 - 1),
+    );
     unsubscribe = [
       transport.onMessage(onMessage),
       transport.onError(onError),
@@ -342,6 +360,11 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
     if (signal?.aborted) {
       // Nothing was sent yet: no runner work to stop.
       finish(timeoutResult());
+      return;
+    }
+    const invalid = checkRuntimeOptions(runtimeOptions);
+    if (invalid !== undefined) {
+      finish({ durationMs: 0, error: { code: "validation_error", message: invalid }, logs: [], ok: false });
       return;
     }
     signal?.addEventListener("abort", onAbort, { once: true });

@@ -87,9 +87,15 @@ describe("results and logs", () => {
   });
 
   test("a refused option is a validation_error result", async () => {
-    const result = await executor.execute("1", [], { timeoutMs: 10_000_000 });
+    const result = await executor.execute("1", [], { timeoutMs: 10_000_000_000 });
     assert.equal(result.ok, false);
     assert.equal(result.error.code, "validation_error");
+    assert.match(result.error.message, /exceeds this runner's maximum/);
+    const local = await executor.execute("1", [], { timeoutMs: Number.NaN });
+    assert.deepEqual(local.error, {
+      code: "validation_error",
+      message: "timeoutMs must be a finite number, at least 0 (got NaN)",
+    });
   });
 });
 
