@@ -14,8 +14,11 @@ import math
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -441,6 +444,24 @@ async def test_local_runner_async() -> None:
         await runner.execute("1")
     with pytest.raises(RunnerUnavailable):
         await Runner.connect(url).execute("1")
+
+
+def test_exec_command(daemon: Daemon, tmp_path: Path) -> None:
+    def execbox_runner_exec(*args: str) -> tuple[int, str, str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "exec", *args], capture_output=True, text=True, timeout=120
+        )
+        return done.returncode, done.stdout, done.stderr
+
+    assert execbox_runner_exec("console.log('hi'); ({answer: 6 * 7})", "--url", daemon.url) == (
+        0,
+        '{"answer": 42}\n',
+        "hi\n",
+    )
+    assert execbox_runner_exec("throw new Error('no')", "--url", daemon.url) == (1, "", "error: runtime_error: no\n")
+    guest = tmp_path / "guest.js"
+    guest.write_text("const words = ['local', 'runner'];\nwords.join(' ')\n")
+    assert execbox_runner_exec(str(guest)) == (0, '"local runner"\n', "")
 
 
 # ---------------------------------------------------------------- manifests

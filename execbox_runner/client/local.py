@@ -6,6 +6,8 @@ knows (passed in the environment, so it is not in the process listing). Other
 ``EXECBOX_RUNNER_*`` variables of the caller are not passed on, so nothing in
 the environment can widen who may use it. It gets its own session, so a Ctrl-C
 at the terminal reaches this process, whose context manager stops it by PID.
+One daemon process (not one per core) is plenty for one host process and
+starts faster; ``daemon_args`` can say otherwise.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class LocalDaemon:
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the daemon; closed by stop()
         command = [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
         self._process = subprocess.Popen(
-            [*command, "--log-level", "WARNING", "--drain-grace", "1", *self.args],
+            [*command, "--processes", "1", "--log-level", "WARNING", "--drain-grace", "1", *self.args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

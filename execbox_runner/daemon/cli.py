@@ -14,6 +14,7 @@ import trio
 from execbox_runner_conformance.harness import run_transcript, summary
 
 from .. import __version__
+from ..client.cli import add_exec_parser, run_exec
 from . import config, logs, supervisor
 from .server import ConfigurationError, Daemon, host_report
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     info_parser = commands.add_parser("info", help="report what this host can enforce for these settings")
     info_parser.add_argument("--json", action="store_true", help="machine-readable output")
     config.add_arguments(info_parser)
+    add_exec_parser(commands)
     return parser
 
 
@@ -89,6 +91,8 @@ async def _serve_until_signalled(daemon: Daemon) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "exec":
+        return run_exec(args)
     if args.command == "replay":
         return _replay(args.files, args.url, args.timeout)
     settings = config.resolve(args)
