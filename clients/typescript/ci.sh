@@ -15,6 +15,11 @@ export EXECBOX_RUNNER_PYTHON="${EXECBOX_RUNNER_PYTHON:-$repo/.venv/bin/python}"
   exit 2
 }
 
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' || {
+  echo "ci.sh: node >= 20 is needed (found $(node --version))" >&2
+  exit 2
+}
+
 cd "$here"
 npm ci --no-audit --no-fund
 npm run build
