@@ -129,12 +129,13 @@ def test_inputs_are_validated_before_the_tool_runs(backend: str, daemon: Daemon)
     providers = {
         "typed": {"add": add},
         "search": {"query": Tool(calls.append, input_schema=schema)},
+        "checked": {"count": Tool(lambda: "three", output_schema={"type": "integer"})},
     }
     code = """
         const errors = [];
         for (const call of [
             () => typed.add({a: "one"}), () => typed.add({b: 2}), () => typed.add({a: 1, c: 3}),
-            () => typed.add([1, 2]), () => search.query({q: 7}),
+            () => typed.add([1, 2]), () => search.query({q: 7}), () => checked.count(),
         ]) {
             try { await call(); errors.push("no error"); } catch (e) { errors.push(e.code + ": " + e.message); }
         }
@@ -148,6 +149,7 @@ def test_inputs_are_validated_before_the_tool_runs(backend: str, daemon: Daemon)
         "validation_error: Invalid input for tool add: Object contains unknown field `c`",
         "validation_error: Invalid input for tool add: Expected `object`, got `array`",
         "validation_error: Invalid input for tool query: 7 is not of type 'string' at $.q",
+        "validation_error: Invalid output for tool count: 'three' is not of type 'integer' at $",
     ]
     assert calls == []
 

@@ -110,8 +110,6 @@ class BoundTool:
         except Exception as exc:
             log.debug("tool %s raised", self.name, exc_info=True)
             raise ToolError("tool_error", str(exc) or f"Tool {self.original_name} failed") from exc
-        if self._output_validator is not None:
-            _check(self._output_validator, value, f"Invalid output for tool {self.original_name}")
         return msgspec.Raw(self._encode(value))
 
     def _arguments(self, raw_input: msgspec.Raw | UnsetType) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -132,14 +130,15 @@ class BoundTool:
         """JSON for the guest: plain data plus what msgspec converts (Structs, dataclasses, tuples,
         sets, enums, datetimes); NaN, infinities, cycles and other objects are refused."""
         try:
-            data = json.dumps(
-                msgspec.to_builtins(value, str_keys=True), allow_nan=False, ensure_ascii=False, separators=(",", ":")
-            )
+            data = msgspec.to_builtins(value, str_keys=True)
+            text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError) as exc:
             raise ToolError(
                 "serialization_error", f"Tool {self.original_name} returned a non-serializable value: {exc}"
             ) from None
-        return data.encode()
+        if self._output_validator is not None:
+            _check(self._output_validator, data, f"Invalid output for tool {self.original_name}")
+        return text.encode()
 
 
 ToolLike: TypeAlias = Callable[..., Any] | Tool
@@ -201,6 +200,10 @@ class Providers:
             return ToolResult(callId=call.callId, ok=True, result=await tool.call(call.input))
         except ToolError as exc:
             return ToolResult(callId=call.callId, ok=False, error=ErrorInfo(exc.code, exc.message))
+        except Exception as exc:  # a failure of the host's own checks (say, a schema's unresolvable $ref)
+            log.exception("answering a call of %s failed", tool.name)
+            error = ErrorInfo("internal_error", f"Tool {tool.original_name} could not be called: {exc}")
+            return ToolResult(callId=call.callId, ok=False, error=error)
 
 
 def _parameters_struct(name: str, signature: inspect.Signature) -> type[msgspec.Struct]:

@@ -32,10 +32,10 @@ _STREAM_ERRORS: Final = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.Clo
 class WebSocket:
     """A connected WebSocket client; one task receives, any task may send."""
 
-    def __init__(self, stream: anyio.abc.ByteStream, protocol: ClientProtocol, early: list[Frame]) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream, protocol: ClientProtocol) -> None:
         self._stream = stream
         self._protocol = protocol
-        self._frames = deque(early)  # frames received but not yet handed out
+        self._frames: deque[Frame] = deque()  # received (some with the handshake response), not yet handed out
         self._fragments: list[bytes] = []
         self._send_lock = anyio.Lock()
 
@@ -68,13 +68,13 @@ class WebSocket:
                     )
                 else:
                     stream = await anyio.connect_tcp(uri.host, uri.port)
-                websocket = cls(stream, protocol, [])
+                websocket = cls(stream, protocol)
                 await websocket._flush()
                 response = await websocket._handshake_response()
         except TimeoutError:
             await _close_quietly(stream)
             raise RunnerUnavailable(f"no WebSocket handshake with {url} within {connect_timeout:g} s") from None
-        except (OSError, ssl.SSLError, *_STREAM_ERRORS) as exc:
+        except _STREAM_ERRORS as exc:  # refused, reset, TLS failures (ssl.SSLError is an OSError)
             await _close_quietly(stream)
             raise RunnerUnavailable(f"cannot connect to {url}: {exc}") from exc
         except BaseException:

@@ -38,7 +38,7 @@ def declare_function(
     one that allows no properties at all is left out, so the model sees that
     the tool can be called with no argument.
     """
-    resolved = _resolve(input_schema, input_schema or {}, frozenset())[0] if input_schema is not None else None
+    resolved = None if input_schema is None else _resolve(input_schema, input_schema, frozenset())[0]
     if resolved is not None and _is_empty_object(resolved):
         parameter = ""
     else:
