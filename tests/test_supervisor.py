@@ -51,6 +51,18 @@ def test_shards_share_the_port_metrics_and_the_drain() -> None:
         assert not [pid for pid in processes if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
 
 
+def test_shards_outlive_the_threads_that_started_them() -> None:
+    """Shards keep serving past trio's idle-thread timeout (~10 s): a shard bound to the life of
+    the supervisor *thread* that started it would drain then."""
+    with running_daemon("--processes", "2", "--warm-workers", "2") as d:
+        shards = children_of(d.process.pid)
+        time.sleep(12)
+        assert sorted(children_of(d.process.pid)) == sorted(shards)
+        for index in range(4):
+            with client(d.url) as ws:
+                assert run_to_done(ws, f"e{index}", "1 + 1")["result"] == 2
+
+
 def test_a_killed_shard_is_replaced() -> None:
     with running_daemon("--processes", "2", "--warm-workers", "2") as d:
         victim = children_of(d.process.pid)[0]

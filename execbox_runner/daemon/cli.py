@@ -77,6 +77,8 @@ async def _serve_until_signalled(daemon: Daemon) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(daemon.serve)
+            if supervisor.is_shard():
+                nursery.start_soon(supervisor.watch_supervisor)
             shown = f"[{host}]" if ":" in host else host
             scheme = "wss" if daemon.tls is not None else "ws"
             print(f"execbox-runner listening on {scheme}://{shown}:{port}/", flush=True)
@@ -112,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
             return trio.run(
                 supervisor.Supervisor(list(argv if argv is not None else sys.argv[1:]), settings, processes).run
             )
-        if supervisor.is_shard():
-            supervisor.die_with_supervisor()
         trio.run(_serve_until_signalled, daemon)
     except* OSError as group:  # e.g. the port is taken
         cause: BaseException = group

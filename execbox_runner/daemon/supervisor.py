@@ -16,7 +16,6 @@ limits, the chosen port and ``EXECBOX_RUNNER_SHARD`` set; nothing else.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import math
 import os
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 SHARD_ENV: Final = "EXECBOX_RUNNER_SHARD"  # "INDEX/COUNT", set for shards only
 STARTUP_TIMEOUT_S: Final = 120.0
 RESTART_PAUSE_S: Final = 1.0
-PR_SET_PDEATHSIG: Final = 1
+SUPERVISOR_POLL_S: Final = 0.5
 
 
 def is_shard() -> bool:
@@ -50,12 +49,16 @@ def shard_count() -> int:
     return int(os.environ[SHARD_ENV].partition("/")[2]) if is_shard() else 1
 
 
-def die_with_supervisor() -> None:
-    """In a shard: be sent SIGTERM (and so drain) if the supervisor dies without forwarding one."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() == 1:  # the supervisor was already gone
-        os.kill(os.getpid(), signal.SIGTERM)
+async def watch_supervisor() -> None:
+    """In a shard: drain (by signalling ourselves) if the supervisor dies without forwarding a signal.
+
+    Polled, not PR_SET_PDEATHSIG: that fires when the parent *thread* exits, and
+    trio starts processes from its worker threads, which come and go.
+    """
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await trio.sleep(SUPERVISOR_POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def shard_arguments(settings: Settings, count: int, port: int) -> list[str]:
@@ -108,9 +111,10 @@ class Supervisor:
                         print(f"execbox-runner listening on {urls[0]}", flush=True)
                         log.info("serving %s with %d daemon processes", urls[0], self.count)
                         async for signum in signals:
+                            first = not self.draining
+                            self.draining = True  # before forwarding: a shard that exits is not restarted
                             self._forward(signum)
-                            if not self.draining:
-                                self.draining = True
+                            if first:
                                 nursery.start_soon(self._wait_all, nursery.cancel_scope)
                 finally:
                     shutil.rmtree(self.metrics_dir, ignore_errors=True)
