@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker.guest import GuestRun
+from execbox_runner.worker.guest import STACK_BYTES, GuestRun
 
 Host = Callable[[str, str, Any], Any]
 UNDEFINED = object()
@@ -35,7 +36,42 @@ def run(
     max_output: int = 16 << 20,
     record: list[tuple[str, str, Any]] | None = None,
 ) -> ipc.Finished:
-    """Run guest code to completion; ``record`` collects (provider, tool, input) of each call."""
+    """Run guest code to completion; ``record`` collects (provider, tool, input) of each call.
+
+    It runs on a thread with the real stack guest code gets in a worker (guest.STACK_BYTES).
+    """
+    arguments = (code, host, providers, memory, budget, lines, chars, max_output, record)
+    outcome: list[ipc.Finished | BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(_run(*arguments))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    previous = threading.stack_size(STACK_BYTES)
+    try:
+        thread = threading.Thread(target=target)
+        thread.start()
+    finally:
+        threading.stack_size(previous)
+    thread.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _run(
+    code: str,
+    host: Host,
+    providers: list[tuple[str, list[str]]] | None,
+    memory: int,
+    budget: float,
+    lines: int,
+    chars: int,
+    max_output: int,
+    record: list[tuple[str, str, Any]] | None,
+) -> ipc.Finished:
     if providers is None:
         providers = [("tools", ["echo", "fail"])]
     guest = GuestRun(

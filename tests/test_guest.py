@@ -281,7 +281,22 @@ def test_plain_values_shared_and_null_prototype_objects_serialize() -> None:
 
 
 def test_deep_recursion_is_a_runtime_error() -> None:
-    assert error(run("function f(n) { return f(n + 1) + 1 } f(0)"))[0] == "runtime_error"
+    assert error(run("function f(n) { return f(n + 1) + 1 } f(0)")) == (
+        "runtime_error",
+        "Maximum call stack size exceeded",
+    )
+
+
+def test_a_too_deep_result_says_where_in_a_bounded_message() -> None:
+    code, message = error(run("let v = 1; for (let i = 0; i < 5000; i++) v = [v]; v"))
+    assert code == "serialization_error" and "nested deeper than 256 levels at $[0][0]" in message
+    assert len(message) < 400 and message.endswith("[0][0]")
+
+
+@pytest.mark.parametrize("depth", [1000, 9000, 10_000])
+def test_recursion_as_deep_as_node_allows(depth: int) -> None:
+    """Node gives a small recursive function ~10,800 frames; model-written tree walks need thousands."""
+    assert value(run(f"function g(n) {{ return n ? 1 + g(n - 1) : 0 }} g({depth})")) == depth
 
 
 def test_spinning_guest_times_out_by_itself() -> None:

@@ -109,9 +109,11 @@
   // or [4, message, engine stack or null] (a guest failure, for the worker to judge).
   let outcome = null;
 
+  // A path into a deep or wide value can be long: a host gets its start and its end.
+  const MAX_DETAIL = 300;
   class SerializationFailure {
     constructor(detail) {
-      this.detail = detail;
+      this.detail = detail.length > MAX_DETAIL ? slice(detail, 0, 150) + "\u2026" + slice(detail, -140) : detail;
     }
   }
 

@@ -7,8 +7,10 @@ no I/O, so the worker process wraps it in a socket loop and tests drive it
 directly.
 
 QuickJS facts this relies on: ``set_time_limit`` counts process CPU time from
-the start of each eval or job call, so it is re-armed with the remaining wall
-budget before every call; its interrupt is uncatchable by guest code; Python
+the start of each eval or job call, and several guests may run at once in one
+process, so it is only a backstop armed with the remaining wall budget times
+the cores (it can never fire early); the worker's interrupter stops a guest at
+its wall-clock deadline. Its interrupt is uncatchable by guest code; Python
 callables cannot run while a time limit is set, which is why the guest talks
 to us only through the bootstrap's outbox, read by ``poll``.
 """
@@ -16,6 +18,7 @@ to us only through the bootstrap's outbox, read by ``poll``.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 import time
@@ -35,9 +38,14 @@ BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_te
 # Where compiled bootstrap code leaves its dispatcher for ``fresh_runtime`` to
 # collect (and delete) before any guest code runs; random per process.
 _BOOTSTRAP_KEY: Final = "__execbox_bootstrap_" + secrets.token_hex(8)
-# Below the worker thread's real stack (8 MiB main thread): a larger QuickJS
-# limit than the real stack would crash the process instead of throwing.
-MAX_STACK_BYTES: Final = 1 << 20
+# Guest code runs on threads with this much real stack (the worker's runner threads):
+# recursion as deep as Node's (~10,000 frames of a small function) fits in it.
+STACK_BYTES: Final = 32 << 20
+# QuickJS's own limit stays below the real stack, with room for the Python and C
+# frames beneath: a larger limit than the real stack would crash the process.
+MAX_STACK_BYTES: Final = STACK_BYTES - (4 << 20)
+# A backstop only: process CPU time runs at most this much faster than the wall clock.
+_CORES: Final = os.cpu_count() or 1
 # CPU time a cancelled guest gets to run its finally blocks and last logs.
 ABORT_BUDGET_S: Final = 0.002
 TIMEOUT_MESSAGE: Final = "Execution timed out"
@@ -220,10 +228,10 @@ class GuestRun:
     # ------------------------------------------------------------------ outcomes
 
     def _arm(self) -> None:
-        """Re-arm the CPU-time interrupt with what is left of the wall budget."""
+        """Re-arm the CPU-time backstop with what is left of the wall budget (see the module docstring)."""
         if self.interrupt_requested:
             raise _Interrupted
-        self.context.set_time_limit(max(self.deadline - time.monotonic(), 0.001))
+        self.context.set_time_limit(max(self.deadline - time.monotonic(), 0.001) * _CORES)
 
     def _outcome(self, outcome: list[msgspec.Raw], logs: list[str]) -> ipc.Finished:
         status = _int_decoder.decode(outcome[0])

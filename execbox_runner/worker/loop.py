@@ -44,7 +44,7 @@ from typing import Final
 
 from ..protocol import ipc
 from . import sandbox
-from .guest import GuestRun, Runtime, fresh_runtime
+from .guest import STACK_BYTES, GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
 
 POKE_INTERVAL_S: Final = 0.001
@@ -53,9 +53,6 @@ POKE_ATTEMPTS: Final = 2000  # keep interrupting for up to ~2 s, until the abort
 SWITCH_INTERVAL_S: Final = 0.0002
 # Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
 NICENESS: Final = 10
-# Each runner thread's stack: guest recursion depth is bounded by QuickJS's stack limit,
-# which must stay below the real stack (see guest.MAX_STACK_BYTES).
-RUNNER_STACK_BYTES: Final = 32 << 20
 DEFAULT_THREADS: Final = 16
 
 
@@ -149,7 +146,7 @@ class Worker:
         self.spare = runtime or fresh_runtime()
         # Every thread starts before confinement: afterwards the kernel refuses new ones.
         self.interrupter = Interrupter()
-        previous = threading.stack_size(RUNNER_STACK_BYTES)
+        previous = threading.stack_size(STACK_BYTES)
         for index in range(self.threads):
             threading.Thread(target=self._runner, name=f"runner-{index}", daemon=True).start()
         threading.stack_size(previous)
@@ -264,7 +261,7 @@ def address_space(max_memory: int, max_output: int, threads: int) -> int:
     the largest QuickJS heap and copies of the largest output, plus slack."""
     with open("/proc/self/statm") as statm:
         mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    return mapped + threads * RUNNER_STACK_BYTES + 2 * max_memory + 4 * max_output + (256 << 20)
+    return mapped + threads * STACK_BYTES + 2 * max_memory + 4 * max_output + (256 << 20)
 
 
 def parser() -> argparse.ArgumentParser:
