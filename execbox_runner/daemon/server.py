@@ -98,10 +98,18 @@ def worker_cpu_seconds(settings: Settings) -> int:
     return STANDARD_CPU_LIFETIME_S
 
 
+def worker_heap_bytes(settings: Settings) -> int:
+    """What the guest heaps of one worker may add up to, for its address-space backstop: one
+    execution's limit in the hardened profile; the daemon's budget when a worker hosts many."""
+    if settings.profile == "hardened":
+        return settings.max_memory_limit_bytes
+    return max(settings.max_memory_limit_bytes, memory_budget(settings) // shard_count())
+
+
 def worker_arguments(settings: Settings) -> list[str]:
     args = [
         "--max-memory",
-        str(settings.max_memory_limit_bytes),
+        str(worker_heap_bytes(settings)),
         "--threads",
         str(1 if settings.profile == "hardened" else settings.worker_threads),
         "--cpu-seconds",

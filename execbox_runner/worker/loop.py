@@ -269,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("fd", type=int)
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
-    parser.add_argument("--max-memory", type=int, default=512 << 20)
+    parser.add_argument("--max-memory", type=int, default=512 << 20, help="what the guest heaps may add up to")
     parser.add_argument("--max-timeout", type=float, default=300.0)
     parser.add_argument("--max-output", type=int, default=16 << 20)
     parser.add_argument("--cpu-seconds", type=int, default=3600, help="the process's CPU-time backstop (RLIMIT_CPU)")
