@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import heapq
+import itertools
 import os
 import queue
 import signal
@@ -39,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -73,8 +75,10 @@ class Interrupter:
 
     def __init__(self) -> None:
         self._pending: dict[GuestRun, int] = {}
-        self._deadlines: list[tuple[float, int]] = []  # a heap of (deadline, id) of watched guests
-        self._watched: dict[int, GuestRun] = {}  # dropped when the execution ends: runtimes are big
+        # A heap of (deadline, sequence, guest): weak, so that an ended execution's runtime is freed
+        # at once, and never by id(), which a later guest can reuse.
+        self._deadlines: list[tuple[float, int, weakref.ref[GuestRun]]] = []
+        self._sequence = itertools.count()
         self._wake = threading.Condition()
         threading.Thread(target=self._run, name="interrupter", daemon=True).start()
 
@@ -86,21 +90,19 @@ class Interrupter:
     def watch(self, guest: GuestRun) -> None:
         """Stop ``guest`` at its deadline if it is still running then."""
         with self._wake:
-            self._watched[id(guest)] = guest
-            heapq.heappush(self._deadlines, (guest.deadline, id(guest)))
+            heapq.heappush(self._deadlines, (guest.deadline, next(self._sequence), weakref.ref(guest)))
             self._wake.notify()
 
     def forget(self, guest: GuestRun) -> None:
         with self._wake:
-            self._watched.pop(id(guest), None)
             self._pending.pop(guest, None)
 
     def _due(self) -> float | None:
         """Move guests whose deadline passed to the pokes; seconds until the next deadline."""
         now = time.monotonic()
         while self._deadlines and self._deadlines[0][0] <= now:
-            guest = self._watched.pop(heapq.heappop(self._deadlines)[1], None)
-            if guest is not None:
+            guest = heapq.heappop(self._deadlines)[2]()
+            if guest is not None and guest.finished is None:
                 self._pending.setdefault(guest, POKE_ATTEMPTS)
         return self._deadlines[0][0] - now if self._deadlines else None
 
