@@ -1,4 +1,9 @@
-"""``execbox-runner``: the command line of the daemon."""
+"""``execbox-runner``: the command line of the daemon.
+
+Exit statuses of ``serve`` and ``info``: 0 a clean stop (a complete drain), 1 a
+runtime failure (the port is taken, a stop forced by a second signal), 2 a
+usage or configuration error, reported in one line before anything starts.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import os
 import signal
 import ssl
 import sys
+from typing import Final, NoReturn
 
 import trio
 from execbox_runner_conformance.harness import run_transcript, summary
@@ -16,11 +22,23 @@ from execbox_runner_conformance.harness import run_transcript, summary
 from .. import __version__
 from ..client.cli import add_exec_parser, run_exec
 from . import config, logs, supervisor
-from .server import ConfigurationError, Daemon, host_report
+from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report
+
+log = logging.getLogger("execbox_runner")
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (the full usage of ``serve`` is dozens)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="execbox-runner",
         description="An execbox runner daemon: runs guest JavaScript for remote hosts over WebSocket.",
     )
@@ -69,11 +87,18 @@ def _info(settings: config.Settings, as_json: bool) -> int:
         print(f"  {name:<20} {status}")
     for warning in report["warnings"]:  # type: ignore[attr-defined]
         print(f"warning: {warning}")
-    return 0
+    for name in report["unsafe_settings"]:  # type: ignore[attr-defined]
+        print(f"UNSAFE {name}: {UNSAFE_SETTINGS[name]}")
+    return EXIT_OK
 
 
-async def _serve_until_signalled(daemon: Daemon) -> None:
-    settings = daemon.settings
+async def _serve_until_signalled(daemon: Daemon) -> int:
+    """Serve until SIGINT or SIGTERM, then drain; a second signal during the drain stops at once.
+
+    The drain runs beside the signal loop, so the second signal is seen while it waits.
+    Returns the exit status: 0 after a complete drain, 1 when stopped at once.
+    """
+    status = EXIT_OK
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(daemon.serve)
@@ -82,13 +107,27 @@ async def _serve_until_signalled(daemon: Daemon) -> None:
             shown = f"[{host}]" if ":" in host else host
             scheme = "wss" if daemon.tls is not None else "ws"
             print(f"execbox-runner listening on {scheme}://{shown}:{port}/", flush=True)
+            draining = False
             async for signum in signals:
-                logging.getLogger("execbox_runner").info(
-                    "received %s, draining (up to %g s)", signal.Signals(signum).name, settings.drain_grace
+                name = signal.Signals(signum).name
+                if draining:
+                    log.warning("received %s again while draining: stopping at once", name)
+                    status = EXIT_FAILURE
+                    nursery.cancel_scope.cancel()
+                    break
+                draining = True
+                log.info(
+                    "received %s, draining (up to %g s; a second signal stops at once)",
+                    name,
+                    daemon.settings.drain_grace,
                 )
-                await daemon.drain()
-                nursery.cancel_scope.cancel()
-                break
+                nursery.start_soon(_drain_and_stop, daemon, nursery.cancel_scope)
+    return status
+
+
+async def _drain_and_stop(daemon: Daemon, scope: trio.CancelScope) -> None:
+    await daemon.drain()
+    scope.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,24 +136,24 @@ def main(argv: list[str] | None = None) -> int:
         return run_exec(args)
     if args.command == "replay":
         return _replay(args.files, args.url, args.timeout)
-    settings = config.resolve(args)
-    if args.command == "info":
-        return _info(settings, args.json)
-    logs.configure(settings.log_level, settings.log_format == "json")
-    processes = settings.processes or os.cpu_count() or 1
     try:
+        settings = config.resolve(args)
+        if args.command == "info":
+            return _info(settings, args.json)
+        logs.configure(settings.log_level, settings.log_format == "json")
         daemon = Daemon(settings)
-    except (ConfigurationError, OSError, ssl.SSLError) as exc:
+    except (config.InvalidSetting, ConfigurationError, OSError, ssl.SSLError) as exc:
         print(f"execbox-runner: {exc}", file=sys.stderr)
-        return 2
-    status = 0
+        return EXIT_USAGE
+    processes = settings.processes or os.cpu_count() or 1
+    status = EXIT_OK
     try:
         if processes > 1 and not supervisor.is_shard():
             del daemon  # checked the settings; the shards serve
             return trio.run(
                 supervisor.Supervisor(list(argv if argv is not None else sys.argv[1:]), settings, processes).run
             )
-        trio.run(_serve_until_signalled, daemon)
+        status = trio.run(_serve_until_signalled, daemon)
     except* OSError as group:  # e.g. the port is taken
         cause: BaseException = group
         while isinstance(cause, BaseExceptionGroup):
@@ -123,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(cause, 'strerror', None) or cause}",
             file=sys.stderr,
         )
-        status = 1
+        status = EXIT_FAILURE
     except* KeyboardInterrupt:
-        pass  # a second signal while stopping: we are stopping anyway
+        status = EXIT_FAILURE  # Ctrl-C before the signal handlers were in place: stopped at once
     return status

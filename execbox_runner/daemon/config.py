@@ -1,23 +1,34 @@
 """Daemon settings: one dataclass, with the CLI flag, environment variable and
-TOML key of each.
+TOML key of each, and the rule each value must follow.
 
 Every setting is a ``--flag`` of ``execbox-runner serve``, an
 ``EXECBOX_RUNNER_<NAME>`` environment variable, and a key of the optional TOML
 file given by ``--config`` (or ``EXECBOX_RUNNER_CONFIG``). Precedence: flag,
 then environment variable, then file, then default.
+
+All three sources go through one converter, so a value is never read one way
+from a flag and another way from the file: numbers must be in range, booleans
+are one of six words, choices are spelled out, files must exist. A value that
+breaks its rule is an ``InvalidSetting`` naming where it came from; the CLI
+prints that one line and exits 2, before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import math
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-ENV_PREFIX = "EXECBOX_RUNNER_"
+ENV_PREFIX: Final = "EXECBOX_RUNNER_"
+TRUE_WORDS: Final = ("true", "1", "yes")
+FALSE_WORDS: Final = ("false", "0", "no")
+MAX_PORT: Final = 65535
 
 
 @dataclass(frozen=True)
@@ -58,13 +69,39 @@ class Settings:
     record_dir: str = ""
 
 
-CHOICES: dict[str, tuple[str, ...]] = {"profile": ("standard", "hardened"), "log_format": ("json", "text")}
+class InvalidSetting(ValueError):
+    """A value the daemon refuses to start with; the message is the one line an operator sees."""
+
+
+CHOICES: Final[dict[str, tuple[str, ...]]] = {
+    "profile": ("standard", "hardened"),
+    "log_format": ("json", "text"),
+    "log_level": ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+}
+# Numbers that may be 0 (with the meaning their help gives); every other number must be above 0.
+ZERO_ALLOWED: Final = frozenset(
+    {
+        "port",
+        "warm_workers",
+        "max_executions_per_worker",
+        "processes",
+        "memory_budget_bytes",
+        "max_sessions",
+        "drain_grace",
+        "cancel_grace",
+        "timeout_grace",
+    }
+)
+# Files that must exist when set; a missing one would otherwise fail later, or never.
+EXISTING_FILES: Final = frozenset({"tokens_file", "certfile", "keyfile"})
+# Strings that may not be empty.
+REQUIRED: Final = frozenset({"host"})
 
 HELP: dict[str, str] = {
     "profile": "standard: confined worker processes each host up to --worker-capacity executions at once (a fresh QuickJS runtime each); hardened: a fresh confined process for every execution",
     "host": "address to listen on",
     "port": "TCP port to listen on (0 picks a free port)",
-    "warm_workers": "worker processes kept started ahead of demand",
+    "warm_workers": "worker processes kept started ahead of demand (0: none; at most --max-workers)",
     "max_workers": "most worker processes at once; further executions wait for room",
     "max_executions_per_worker": "executions after which a worker takes no more and is replaced (0: never)",
     "memory_budget_bytes": "resident memory the daemon, its zygote and workers may hold; at 90 percent of it new sessions get HTTP 503; 0: 80 percent of the cgroup limit or of the machine's memory",
@@ -76,99 +113,182 @@ HELP: dict[str, str] = {
     "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
     "max_timeout_ms": "largest timeoutMs an execute may ask for; larger: done validation_error",
     "max_memory_limit_bytes": "largest memoryLimitBytes an execute may ask for; larger: done validation_error",
-    "tokens_file": "file of accepted bearer tokens, one per line; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
+    "tokens_file": "existing file of accepted bearer tokens, one per line; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
     "tokens": "accepted bearer tokens, comma-separated (prefer the environment variable or --tokens-file)",
     "allow_unauthenticated": "serve a non-loopback address without tokens (refused otherwise)",
     "allowed_origins": "comma-separated Origin values allowed to open sessions (else HTTP 403); empty: any",
-    "certfile": "TLS certificate chain (PEM): serve wss:// instead of ws://",
-    "keyfile": "TLS private key (PEM), with --certfile",
+    "certfile": "existing TLS certificate chain (PEM): serve wss:// instead of ws://",
+    "keyfile": "existing TLS private key (PEM), with --certfile",
     "max_sessions": "most concurrent sessions (one execution each); beyond it handshakes get HTTP 503 with Retry-After; 0: sized from memory and descriptors (up to 20,000)",
     "idle_timeout": "seconds a session may go without an execution before it is closed (1000)",
-    "drain_grace": "on SIGTERM/SIGINT: seconds running executions get to finish before they are cancelled",
-    "sandbox": "confine workers (namespaces, rlimits, seccomp); 'false' only for debugging",
+    "drain_grace": "on SIGTERM/SIGINT: seconds running executions get to finish before they are cancelled (0: cancel at once); a second signal stops at once",
+    "sandbox": "confine workers (namespaces, rlimits, seccomp); 'false' only for debugging (reported as unsafe)",
     "send_timeout": "seconds a send to a host may block before the host is dropped",
     "handshake_timeout": "seconds a client has to complete the WebSocket handshake",
     "close_timeout": "seconds to wait for the host's half of the closing handshake",
-    "cancel_grace": "seconds a cancelled worker has to hand over its last logs before done goes without them (hosts force-close 25 ms after cancel)",
-    "timeout_grace": "seconds a timed-out worker has to hand over its last logs (hosts cancel 100 ms after timeoutMs)",
-    "log_level": "daemon log level (DEBUG, INFO, WARNING, ERROR); INFO logs one line per execution",
+    "cancel_grace": "seconds a cancelled worker has to hand over its last logs before done goes without them (hosts force-close 25 ms after cancel; 0: no wait)",
+    "timeout_grace": "seconds a timed-out worker has to hand over its last logs (hosts cancel 100 ms after timeoutMs; 0: no wait)",
+    "log_level": "daemon log level; INFO logs one line per execution",
     "log_format": "json: one JSON object per line; text: human-readable",
-    "record_dir": "write every session's transcript (JSONL, replayable with 'execbox-runner replay') and a summary here",
+    "record_dir": "write every session's transcript (JSONL, replayable with 'execbox-runner replay') and a summary here (created if missing)",
     "log_guest_code": "include guest code in execution log lines (never on by default)",
 }
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
+def rule(name: str, kind: type) -> str:
+    """The rule a setting's values follow, as its help text and errors state it."""
+    if name in CHOICES:
+        return "one of " + ", ".join(CHOICES[name])
+    if kind is bool:
+        return "a boolean: " + "/".join(TRUE_WORDS + FALSE_WORDS)
+    if name == "port":
+        return f"a port number 0-{MAX_PORT}"
+    if kind in (int, float):
+        number = "an integer" if kind is int else "a number of seconds"
+        return f"{number} {'>= 0' if name in ZERO_ALLOWED else '> 0'}"
+    return ""
+
+
+def convert(name: str, kind: type, value: object) -> object:
+    """``value`` (text from a flag or variable, or a TOML value) as the setting's type.
+
+    Raises ValueError saying what is wrong with it, without where it came from.
+    """
+    wanted = rule(name, kind)
+    if kind is bool:
+        if isinstance(value, str) and value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+            return value.strip().lower() in TRUE_WORDS
+        if not isinstance(value, bool):
+            raise ValueError(f"must be {wanted}")
+        return value
+    if kind in (int, float):
+        number = _number(kind, value, wanted)
+        too_small = number < 0 or (number == 0 and name not in ZERO_ALLOWED)
+        if too_small or (name == "port" and number > MAX_PORT):
+            raise ValueError(f"must be {wanted}")
+        return number
+    if not isinstance(value, str):
+        raise ValueError(f"must be text, not {type(value).__name__}")
+    if name in CHOICES:
+        for choice in CHOICES[name]:
+            if value.strip().lower() == choice.lower():
+                return choice
+        raise ValueError(f"must be {wanted}")
+    if name in REQUIRED and not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _path_problem(name: str, value: str) -> str | None:
+    """What is wrong with a path setting's file, if anything (checked once the settings agree)."""
+    path = Path(value)
+    if name in EXISTING_FILES and value and not path.is_file():
+        return os.strerror(errno.ENOENT) if not path.exists() else "not a regular file"
+    if name == "record_dir" and value and path.exists() and not path.is_dir():
+        return "exists and is not a directory"
+    return None
+
+
+def _number(kind: type, value: object, wanted: str) -> int | float:
+    """An int or a finite float from text or a TOML number (never from a TOML boolean)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"must be {wanted}")
+    if isinstance(value, float) and kind is int:
+        raise ValueError(f"must be {wanted}")
+    try:
+        number: int | float = kind(value.strip()) if isinstance(value, str) else kind(value)
+    except ValueError:
+        raise ValueError(f"must be {wanted}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"must be {wanted}")
+    return number
+
+
+def _metavar(name: str, kind: type) -> str:
+    if name in CHOICES:
+        return "{" + ",".join(CHOICES[name]) + "}"
+    return "BOOL" if kind is bool else name.upper()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, read as text: ``resolve`` converts flags, variables and keys alike."""
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help=f"TOML file of settings (keys as below, e.g. max_sessions = 64); flags and environment variables win over it (env {ENV_PREFIX}CONFIG)",
+        help=f"existing TOML file of settings (keys as below, e.g. max_sessions = 64); flags and environment variables win over it (env {ENV_PREFIX}CONFIG)",
     )
     for field in fields(Settings):
-        env = ENV_PREFIX + field.name.upper()
-        kind = _parse_bool if isinstance(field.default, bool) else type(field.default)
+        kind = type(field.default)
         parser.add_argument(
             "--" + field.name.replace("_", "-"),
             dest=field.name,
-            type=kind,
             default=None,
-            metavar=field.name.upper(),
-            choices=CHOICES.get(field.name),
-            help=f"{HELP[field.name]} (env {env}; default {field.default})",
+            metavar=_metavar(field.name, kind),
+            help=f"{HELP[field.name]} ({'; '.join(filter(None, (rule(field.name, kind), f'env {ENV_PREFIX + field.name.upper()}', f'default {field.default}')))})",
         )
 
 
-def _from_file(path: str) -> dict[str, Any]:
-    """The settings of a TOML file, type-checked; unknown keys are refused."""
+def _from_file(path: str, origins: dict[str, str]) -> dict[str, Any]:
+    """The settings of a TOML file, converted; unknown keys are refused. Records where each came from in ``origins``."""
     try:
         table = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"cannot read config file {path}: {exc}") from None
-    known = {field.name: field for field in fields(Settings)}
+    except OSError as exc:
+        raise InvalidSetting(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidSetting(f"cannot read config file {path}: {exc}") from None
+    known = {field.name: type(field.default) for field in fields(Settings)}
     values: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise SystemExit(f"config file {path}: unknown setting {key!r}")
-        kind = type(known[name].default)
-        given = float(value) if kind is float and isinstance(value, int) and not isinstance(value, bool) else value
-        if not isinstance(given, kind) or (kind is int and isinstance(given, bool)):
-            raise SystemExit(f"config file {path}: {key} must be {kind.__name__}, not {type(given).__name__}")
-        if name in CHOICES and value not in CHOICES[name]:
-            raise SystemExit(f"config file {path}: {key} must be one of {', '.join(CHOICES[name])}")
-        values[name] = value
+            raise InvalidSetting(f"config file {path}: unknown setting {key!r}")
+        origins[name] = f"config file {path}: {key} ="
+        try:
+            values[name] = convert(name, known[name], value)
+        except ValueError as exc:
+            raise InvalidSetting(f"{origins[name]} {value!r}: {exc}") from None
     return values
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from flags, then environment variables, then the TOML file, then defaults."""
+    """Settings from flags, then environment variables, then the TOML file, then defaults.
+
+    Raises InvalidSetting for the first value that breaks its rule, or settings that
+    contradict each other.
+    """
     if environ is None:
         environ = os.environ
     config_file = getattr(args, "config", None) or environ.get(ENV_PREFIX + "CONFIG")
-    values: dict[str, Any] = _from_file(config_file) if config_file else {}
+    origins: dict[str, str] = {}  # setting -> where its value came from, for errors
+    values: dict[str, Any] = _from_file(config_file, origins) if config_file else {}
     for field in fields(Settings):
         flag = getattr(args, field.name, None)
+        env_name = ENV_PREFIX + field.name.upper()
         if flag is not None:
-            values[field.name] = flag
+            source, given = "--" + field.name.replace("_", "-"), flag
+        elif env_name in environ:
+            source, given = env_name, environ[env_name]
+        else:
             continue
-        env = environ.get(ENV_PREFIX + field.name.upper())
-        if env is not None:
-            try:
-                parse: Callable[[str], object] = _parse_bool if isinstance(field.default, bool) else type(field.default)
-                values[field.name] = parse(env)
-            except ValueError:
-                raise SystemExit(f"invalid {ENV_PREFIX + field.name.upper()}: {env!r}") from None
-            if field.name in CHOICES and values[field.name] not in CHOICES[field.name]:
-                raise SystemExit(
-                    f"invalid {ENV_PREFIX + field.name.upper()}: {env!r} (choose from {', '.join(CHOICES[field.name])})"
-                )
-    return Settings(**values)
+        origins[field.name] = f"invalid {source}"
+        try:
+            values[field.name] = convert(field.name, type(field.default), given)
+        except ValueError as exc:
+            raise InvalidSetting(f"{origins[field.name]} {given!r}: {exc}") from None
+    if "warm_workers" not in values:  # the machine-sized default never exceeds a lower --max-workers
+        values["warm_workers"] = min(Settings.warm_workers, values.get("max_workers", Settings.max_workers))
+    settings = Settings(**values)
+    _check_together(settings)
+    for name, origin in origins.items():
+        problem = _path_problem(name, values[name]) if isinstance(values[name], str) else None
+        if problem:
+            raise InvalidSetting(f"{origin} {values[name]!r}: {problem}")
+    return settings
+
+
+def _check_together(settings: Settings) -> None:
+    """Settings that are each valid but contradict each other."""
+    if settings.keyfile and not settings.certfile:
+        raise InvalidSetting("--keyfile needs --certfile")
+    if settings.warm_workers > settings.max_workers:
+        raise InvalidSetting(f"--warm-workers {settings.warm_workers} exceeds --max-workers {settings.max_workers}")

@@ -102,6 +102,7 @@ def route(request: Request, state: DaemonState) -> Response | None:
                 "draining": state.draining,
                 "memory": {"used_bytes": state.memory_used, "budget_bytes": state.memory_budget},
                 "protections": state.report.get("protections"),
+                "unsafe_settings": state.report.get("unsafe_settings"),
             },
         )
     if path == "/metrics" and state.metrics is not None:

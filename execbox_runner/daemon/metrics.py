@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
@@ -101,9 +101,28 @@ class _Live(Collector):
         )
 
 
+class _Unsafe(Collector):
+    """``execbox_unsafe_settings{setting}``: 1 for each unsafe setting in force, 0 for the others,
+    so an alert can tell a safe runner from one that does not report."""
+
+    def __init__(self, known: Iterable[str], unsafe: Collection[str]) -> None:
+        self.values = {name: 1 if name in unsafe else 0 for name in known}
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "execbox_unsafe_settings", "1 for each unsafe setting in force (see /healthz).", labels=["setting"]
+        )
+        for name, value in self.values.items():
+            gauge.add_metric([name], value)
+        yield gauge
+
+
 class Metrics:
-    def __init__(self, read_state: Callable[[], LiveState]) -> None:
+    def __init__(
+        self, read_state: Callable[[], LiveState], *, known_unsafe: Iterable[str], unsafe: Collection[str]
+    ) -> None:
         self.read_state = read_state
+        self.unsafe = _Unsafe(known_unsafe, unsafe)
         shared = os.environ.get(MULTIPROCESS_ENV)
         self.shared_dir = Path(shared) if shared else None
         self.registry = CollectorRegistry()
@@ -127,6 +146,7 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_Live(read_state))
+        self.registry.register(self.unsafe)
 
     def execution_ended(self, record: ExecutionEnded) -> None:
         self.executions.labels(record.outcome, record.code or "").inc()
@@ -142,6 +162,7 @@ class Metrics:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(self.shared_dir))  # type: ignore[no-untyped-call]  # untyped upstream
         registry.register(_Live(self._all_shards))
+        registry.register(self.unsafe)
         return generate_latest(registry)
 
     def publish(self) -> None:

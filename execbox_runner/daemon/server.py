@@ -16,6 +16,7 @@ import platform
 import ssl
 from dataclasses import asdict
 from pathlib import Path
+from typing import Final
 
 import trio
 
@@ -42,6 +43,31 @@ LIVE_STATE_INTERVAL_S = 0.5
 MEMORY_SAMPLE_INTERVAL_S = 0.25
 
 
+# Settings that leave a runner open to more than its hosts: each one is a start-up warning, a name
+# in ``unsafe_settings`` (``info``, ``/healthz``) and ``execbox_unsafe_settings{setting}`` 1, so a
+# mis-deployed runner shows on a dashboard rather than only in a log nobody reads.
+UNSAFE_SETTINGS: Final = {
+    "sandbox_off": "workers are not confined (--sandbox false): guest code that escapes QuickJS has the daemon's user, files and network",
+    "no_authentication": "no bearer tokens (--tokens-file, --tokens): anyone who reaches the port can run code",
+    "no_tls": "a non-loopback address without TLS (--certfile): code, results and tokens cross the network in clear text",
+    "no_network_namespace": "workers cannot get a network namespace on this host: guest code that escapes QuickJS can reach the network",
+}
+
+
+def unsafe_settings(
+    settings: Settings, tokens: tuple[bytes, ...], protections: dict[str, dict[str, bool]]
+) -> list[str]:
+    """The names (keys of ``UNSAFE_SETTINGS``) that apply to these settings on this host."""
+    namespace = protections["network_namespace"]
+    applies = {
+        "sandbox_off": not settings.sandbox,
+        "no_authentication": not tokens,
+        "no_tls": not settings.certfile and not is_loopback(settings.host),
+        "no_network_namespace": namespace["requested"] and not namespace["enforced"],
+    }
+    return [name for name in UNSAFE_SETTINGS if applies[name]]
+
+
 def host_report(settings: Settings) -> dict[str, object]:
     """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
     protections = sandbox.enforcement(settings.sandbox)
@@ -53,6 +79,7 @@ def host_report(settings: Settings) -> dict[str, object]:
         "interrupt_running_guests": native.SUPPORTED,
         "protections": protections,
         "warnings": sandbox.warnings(protections),
+        "unsafe_settings": unsafe_settings(settings, accepted_tokens(settings), protections),
         "limits": {
             **{key: value for key, value in asdict(settings).items() if key.startswith("max_")},
             "max_sessions": effective_max_sessions(settings),
@@ -182,6 +209,7 @@ class Daemon:
         )
         self.record_dir = record_directory(settings)
         self.report = host_report(settings)
+        self.unsafe: list[str] = self.report["unsafe_settings"]  # type: ignore[assignment]
         self.state = DaemonState(
             max_sessions=effective_max_sessions(settings),
             memory_budget=memory_budget(settings) // shard_count(),
@@ -192,7 +220,7 @@ class Daemon:
                 origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()
             ),
         )
-        self.state.metrics = Metrics(self._live_state)
+        self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
         self.connections: set[Connection] = set()
 
     def _live_state(self) -> LiveState:
@@ -212,6 +240,8 @@ class Daemon:
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
         for warning in self.report["warnings"]:  # type: ignore[attr-defined]
             log.warning(warning)
+        for name in self.unsafe:
+            log.warning("unsafe setting %s: %s", name, UNSAFE_SETTINGS[name], extra={"unsafe_setting": name})
         if not native.SUPPORTED:
             log.warning(
                 "cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed"

@@ -5,8 +5,9 @@ One Python process drives its WebSockets on one core. With ``--processes N``
 starts N shard daemons. Each binds the same address with ``SO_REUSEPORT``, so
 the kernel spreads new connections across them, and each has its own zygote
 and workers. The supervisor stays small: it prints the one URL, forwards
-SIGTERM/SIGINT (every shard drains, each execution still gets its ``done``),
-restarts a shard that dies, and exits with the worst status. Shards share a
+SIGTERM/SIGINT (every shard drains, each execution still gets its ``done``;
+a second signal is forwarded too, and stops them at once), restarts a shard
+that dies, and exits 0 when every shard drained cleanly, else 1. Shards share a
 metrics directory, so ``/metrics`` from any of them covers all of them.
 
 A shard is the same command line with ``--processes 1``, its share of the
@@ -111,11 +112,15 @@ class Supervisor:
                         print(f"execbox-runner listening on {urls[0]}", flush=True)
                         log.info("serving %s with %d daemon processes", urls[0], self.count)
                         async for signum in signals:
-                            first = not self.draining
+                            # Shards drain on the first signal and stop at once on the second: forward both.
+                            name = signal.Signals(signum).name
+                            if self.draining:
+                                log.warning("received %s again while draining: stopping at once", name)
+                            else:
+                                log.info("received %s, draining (a second signal stops at once)", name)
+                                nursery.start_soon(self._wait_all, nursery.cancel_scope)
                             self.draining = True  # before forwarding: a shard that exits is not restarted
                             self._forward(signum)
-                            if first:
-                                nursery.start_soon(self._wait_all, nursery.cancel_scope)
                 finally:
                     shutil.rmtree(self.metrics_dir, ignore_errors=True)
         return self.status
@@ -144,8 +149,8 @@ class Supervisor:
             status = await shard.wait()
             with contextlib.suppress(OSError):  # its live state is no longer live
                 os.unlink(os.path.join(self.metrics_dir, live_state_file(shard.pid)))
-            if self.draining:
-                self.status = max(self.status, abs(status))
+            if self.draining:  # the CLI's statuses: 0 only if every shard drained cleanly
+                self.status = max(self.status, 1 if status else 0)
                 return
             log.error("daemon process %d exited with status %d; restarting it", shard.pid, status)
             await trio.sleep(RESTART_PAUSE_S)

@@ -1,0 +1,245 @@
+"""Settings that cannot be wrong silently, unsafe settings that are loud, and the second signal.
+
+Misconfigurations run the real command line in a subprocess: each must exit 2
+with one line on stderr, for ``serve`` and ``info`` alike.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from execbox_runner.daemon import config, server
+from execbox_runner.daemon.server import UNSAFE_SETTINGS
+
+from .daemonkit import Daemon, client, execute, receive, running_daemon
+from .test_config import settings
+from .test_operations import metric
+
+COMMAND_TIMEOUT_S = 60
+LOG_WAIT_S = 30.0
+
+
+def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(config.ENV_PREFIX)}
+    return subprocess.run(
+        [sys.executable, "-m", "execbox_runner", *argv],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        env={**environment, **(env or {})},
+    )
+
+
+def refused_with_one_line(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("execbox-runner") and expected in lines[0], result.stderr
+    assert result.stdout == ""
+
+
+MISCONFIGURATIONS = [
+    (["--port", "70000"], "invalid --port '70000': must be a port number 0-65535"),
+    (["--port", "-1"], "must be a port number 0-65535"),
+    (["--port", "http"], "must be a port number"),
+    (["--processes", "-1"], "invalid --processes '-1': must be an integer >= 0"),
+    (["--max-sessions", "-5"], "must be an integer >= 0"),
+    (["--memory-budget-bytes", "-1"], "must be an integer >= 0"),
+    (["--max-executions-per-worker", "-1"], "must be an integer >= 0"),
+    (["--max-workers", "0"], "invalid --max-workers '0': must be an integer > 0"),
+    (["--worker-capacity", "0"], "must be an integer > 0"),
+    (["--worker-threads", "0"], "must be an integer > 0"),
+    (["--max-message-bytes", "0"], "must be an integer > 0"),
+    (["--max-output-bytes", "1.5"], "must be an integer > 0"),
+    (["--max-timeout-ms", "0"], "must be an integer > 0"),
+    (["--max-memory-limit-bytes", "1e9"], "must be an integer > 0"),
+    (["--idle-timeout", "0"], "invalid --idle-timeout '0': must be a number of seconds > 0"),
+    (["--send-timeout", "-1"], "must be a number of seconds > 0"),
+    (["--handshake-timeout", "soon"], "must be a number of seconds > 0"),
+    (["--close-timeout", "nan"], "must be a number of seconds > 0"),
+    (["--drain-grace", "inf"], "must be a number of seconds >= 0"),
+    (["--cancel-grace", "-0.1"], "must be a number of seconds >= 0"),
+    (["--sandbox", "maybe"], "invalid --sandbox 'maybe': must be a boolean: true/1/yes/false/0/no"),
+    (["--sandbox", "off"], "must be a boolean"),
+    (["--log-guest-code", "2"], "must be a boolean"),
+    (["--profile", "fast"], "invalid --profile 'fast': must be one of standard, hardened"),
+    (["--log-level", "verbose"], "must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+    (["--log-format", "xml"], "must be one of json, text"),
+    (["--host", " "], "invalid --host ' ': must not be empty"),
+    (
+        ["--tokens-file", "/nonexistent/tokens"],
+        "invalid --tokens-file '/nonexistent/tokens': No such file or directory",
+    ),
+    (["--certfile", "/nonexistent/cert.pem"], "No such file or directory"),
+    (["--tokens-file", "/"], "not a regular file"),
+    (["--keyfile", "/nonexistent/key.pem"], "--keyfile needs --certfile"),
+    (["--config", "/nonexistent/runner.toml"], "cannot read config file /nonexistent/runner.toml"),
+    (["--record-dir", "/etc/hostname"], "exists and is not a directory"),
+    (["--warm-workers", "5", "--max-workers", "2"], "--warm-workers 5 exceeds --max-workers 2"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--port"], "expected one argument"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), MISCONFIGURATIONS, ids=[" ".join(a) for a, _ in MISCONFIGURATIONS])
+def test_each_misconfiguration_of_serve_exits_2_with_one_line(args: list[str], expected: str) -> None:
+    refused_with_one_line(run("serve", *args), expected)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [(["--port", "70000"], "must be a port number"), (["--sandbox", "on"], "must be a boolean")],
+)
+def test_info_refuses_the_same_way(args: list[str], expected: str) -> None:
+    refused_with_one_line(run("info", *args), expected)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("PORT", "99999", "invalid EXECBOX_RUNNER_PORT '99999': must be a port number"),
+        ("SANDBOX", "off", "invalid EXECBOX_RUNNER_SANDBOX 'off': must be a boolean"),
+        ("IDLE_TIMEOUT", "-3", "must be a number of seconds > 0"),
+        ("PROFILE", "fast", "invalid EXECBOX_RUNNER_PROFILE 'fast': must be one of standard, hardened"),
+        ("CONFIG", "/nonexistent.toml", "cannot read config file"),
+    ],
+)
+def test_environment_variables_are_checked_like_flags(variable: str, value: str, expected: str) -> None:
+    refused_with_one_line(run("serve", env={config.ENV_PREFIX + variable: value}), expected)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("port = 70000", "port = 70000: must be a port number 0-65535"),
+        ("idle_timeout = -1", "idle_timeout = -1: must be a number of seconds > 0"),
+        ("max_sessions = 1.5", "must be an integer >= 0"),
+        ("sandbox = 0", "must be a boolean"),
+        ('certfile = "/nonexistent/cert.pem"', "certfile = '/nonexistent/cert.pem': No such file or directory"),
+        ("surprise = true", "unknown setting 'surprise'"),
+        ('profile = "fast"', "profile = 'fast': must be one of standard, hardened"),
+        ('max_sessions = "x"', "max_sessions = 'x': must be an integer >= 0"),
+        ("[broken", "cannot read config file"),
+    ],
+)
+def test_toml_keys_are_checked_like_flags(tmp_path: Path, content: str, expected: str) -> None:
+    file = tmp_path / "runner.toml"
+    file.write_text(content + "\n")
+    refused_with_one_line(run("serve", "--config", str(file)), expected)
+
+
+@pytest.mark.parametrize(
+    ("word", "value"),
+    [("true", True), ("TRUE", True), ("1", True), ("Yes", True), ("false", False), ("0", False), ("NO", False)],
+)
+def test_booleans_are_six_words_in_any_case(word: str, value: bool) -> None:
+    assert settings("--sandbox", word).sandbox is value
+
+
+def test_zero_means_auto_or_never_where_the_help_says_so() -> None:
+    resolved = settings(
+        *("--port", "0", "--processes", "0", "--max-sessions", "0", "--memory-budget-bytes", "0"),
+        *("--max-executions-per-worker", "0", "--warm-workers", "0", "--drain-grace", "0", "--cancel-grace", "0"),
+    )
+    assert (resolved.port, resolved.processes, resolved.max_sessions, resolved.drain_grace) == (0, 0, 0, 0.0)
+    assert resolved.max_executions_per_worker == resolved.memory_budget_bytes == resolved.warm_workers == 0
+    out = run("serve", "--help").stdout
+    for meaning in ("0: one per core", "0: never", "0: sized from memory", "0: 80 percent", "0 picks a free port"):
+        assert meaning in " ".join(out.split())
+
+
+def test_choices_are_case_insensitive_and_a_lower_max_workers_lowers_the_default_warm_workers() -> None:
+    resolved = settings("--profile", "HARDENED", "--log-level", "debug", "--max-workers", "1")
+    assert (resolved.profile, resolved.log_level, resolved.warm_workers) == ("hardened", "DEBUG", 1)
+
+
+# ------------------------------------------------------------------ unsafe settings
+
+
+def get_json(daemon: Daemon, path: str) -> dict[str, Any]:
+    host, port = daemon.url.removeprefix("ws://").strip("/").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", path)
+        body = connection.getresponse().read()
+    finally:
+        connection.close()
+    return json.loads(body) if path != "/metrics" else {"text": body.decode()}
+
+
+def warnings_logged(daemon: Daemon) -> list[str]:
+    lines = [json.loads(line) for line in daemon.log_lines() if line.startswith("{")]
+    return [line["unsafe_setting"] for line in lines if line["level"] == "warning" and "unsafe_setting" in line]
+
+
+def test_unsafe_settings_are_a_warning_a_healthz_field_and_a_metric() -> None:
+    with running_daemon("--sandbox", "no") as d:
+        assert get_json(d, "/healthz")["unsafe_settings"] == ["sandbox_off", "no_authentication"]
+        text = get_json(d, "/metrics")["text"]
+        assert warnings_logged(d) == ["sandbox_off", "no_authentication"]
+    assert metric(text, "execbox_unsafe_settings", setting="sandbox_off") == 1
+    assert metric(text, "execbox_unsafe_settings", setting="no_authentication") == 1
+    for safe in ("no_tls", "no_network_namespace"):
+        assert f'execbox_unsafe_settings{{setting="{safe}"}} 0.0' in text
+
+
+def test_a_runner_with_tokens_and_the_sandbox_reports_nothing_unsafe(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret\n")
+    with running_daemon("--tokens-file", str(tokens)) as d:
+        unsafe = get_json(d, "/healthz")["unsafe_settings"]
+        assert warnings_logged(d) == unsafe
+    # This host may not give workers a network namespace; nothing else may be unsafe.
+    assert unsafe in ([], ["no_network_namespace"])
+
+
+def test_info_reports_unsafe_settings_in_json_and_text() -> None:
+    args = ("--sandbox", "No", "--host", "0.0.0.0", "--allow-unauthenticated", "yes")
+    report = json.loads(run("info", "--json", *args).stdout)
+    assert report["unsafe_settings"] == ["sandbox_off", "no_authentication", "no_tls"]
+    text = run("info", *args)
+    assert text.returncode == 0
+    assert f"UNSAFE no_tls: {UNSAFE_SETTINGS['no_tls']}" in text.stdout.splitlines()
+
+
+def test_a_missing_network_namespace_is_unsafe_only_when_the_sandbox_asks_for_one() -> None:
+    def protections(requested: bool, enforced: bool) -> dict[str, dict[str, bool]]:
+        return {"network_namespace": {"requested": requested, "enforced": enforced}}
+
+    settings = config.Settings(certfile="", host="localhost")
+    assert server.unsafe_settings(settings, (b"t",), protections(True, False)) == ["no_network_namespace"]
+    assert server.unsafe_settings(settings, (b"t",), protections(True, True)) == []
+    off = config.Settings(sandbox=False)
+    assert server.unsafe_settings(off, (b"t",), protections(False, False)) == ["sandbox_off"]
+
+
+# ------------------------------------------------------------------ the second signal
+
+
+def wait_for_log(daemon: Daemon, text: str, count: int) -> None:
+    deadline = time.monotonic() + LOG_WAIT_S
+    while sum(text in line for line in daemon.log_lines()) < count:
+        assert time.monotonic() < deadline, f"no {count} log lines with {text!r}: {daemon.log_lines()[-10:]}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_second_sigterm_during_a_drain_stops_at_once(processes: str) -> None:
+    # A drain that would last ten minutes: held open by an execution awaiting a tool.
+    with running_daemon("--processes", processes, "--drain-grace", "600") as d, client(d.url) as ws:
+        ws.send(execute("held", "await tools.hang({})"))
+        assert [receive(ws)["type"], receive(ws)["type"]] == ["started", "tool_call"]
+        d.process.send_signal(signal.SIGTERM)
+        wait_for_log(d, "draining (up to 600 s", int(processes))
+        d.process.send_signal(signal.SIGTERM)
+        assert d.process.wait(timeout=COMMAND_TIMEOUT_S) == 1
+        wait_for_log(d, "again while draining: stopping at once", 1)
