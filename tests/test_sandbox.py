@@ -24,6 +24,7 @@ def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
         [sys.executable, "-m", "execbox_runner.worker.loop", str(child.fileno()), *args],
         pass_fds=(child.fileno(),),
         stdin=subprocess.DEVNULL,
+        env={**os.environ, "MALLOC_ARENA_MAX": "1"},  # as the zygote runs: address space left under RLIMIT_AS
     )
     child.close()
     parent.settimeout(60)
@@ -62,6 +63,8 @@ def probed() -> Iterator[tuple[ipc.Probed, int]]:
         "signal_init",
         "ptrace_init",
         "raise_nofile",
+        "raise_cpu",
+        "lower_cpu",
     ],
 )
 def test_the_confined_worker_cannot(probed: tuple[ipc.Probed, int], action: str) -> None:
@@ -78,6 +81,26 @@ def test_process_limits_hold_in_the_worker(probed: tuple[ipc.Probed, int]) -> No
     address_space = int(outcomes["rlimit_as"])
     assert 64 << 20 < address_space < 8 << 30  # above the QuickJS limit, far below unlimited
     assert 10 <= int(outcomes["rlimit_cpu"]) <= 60
+    assert outcomes["rlimit_cpu_hard"] == outcomes["rlimit_cpu"]  # the backstop cannot be lifted
+
+
+@pytest.mark.parametrize("action", ["map_executable", "protect_executable", "write_code"])
+def test_the_confined_worker_cannot_make_memory_executable(probed: tuple[ipc.Probed, int], action: str) -> None:
+    """W^X: no new executable mapping (an injected payload has nowhere to run) and no code page made writable."""
+    if not CAPABILITIES.seccomp:
+        pytest.skip("seccomp is not available on this host")
+    assert probed[0].outcomes[action] == "blocked: EPERM"
+
+
+def test_a_ready_worker_has_no_writable_code() -> None:
+    """The ctypes callback page, writable and executable when made, is sealed before guest code runs."""
+    process, sock = start_worker("--max-memory", str(64 << 20))
+    with sock:
+        assert isinstance(receive(sock), ipc.Ready)
+        with open(f"/proc/{process.pid}/maps") as maps:
+            writable_code = [line for line in maps if {"w", "x"} <= set(line.split()[1])]
+        assert writable_code == []
+    process.wait(timeout=30)
 
 
 def test_the_worker_drops_root_and_leaves_the_network(probed: tuple[ipc.Probed, int]) -> None:

@@ -50,6 +50,7 @@ AUDIT_ARCH_X86_64: Final = 0xC000003E
 _LD_W_ABS: Final = 0x20
 _JEQ_K: Final = 0x15
 _JGE_K: Final = 0x35
+_JSET_K: Final = 0x45
 _RET_K: Final = 0x06
 _RET_ALLOW: Final = 0x7FFF0000
 _RET_KILL_PROCESS: Final = 0x80000000
@@ -57,13 +58,12 @@ _RET_ERRNO: Final = 0x00050000
 _OFFSET_NR: Final = 0
 _OFFSET_ARCH: Final = 4
 _OFFSET_ARG0_LOW: Final = 16
-_OFFSET_ARG1_LOW: Final = 24
 _OFFSET_ARG2_LOW: Final = 32
 _OFFSET_ARG2_HIGH: Final = 36
 
 # What a worker needs once initialised (x86-64 syscall numbers).
 ALLOWED_SYSCALLS: Final = {
-    "read": 0, "write": 1, "close": 3, "fstat": 5, "poll": 7, "lseek": 8, "mmap": 9, "mprotect": 10,
+    "read": 0, "write": 1, "close": 3, "fstat": 5, "poll": 7, "lseek": 8,
     "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15,
     "sched_yield": 24, "mremap": 25, "madvise": 28, "nanosleep": 35, "getpid": 39, "sendto": 44,
     "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "exit": 60, "getrlimit": 97, "getrusage": 98, "getuid": 102,
@@ -71,9 +71,15 @@ ALLOWED_SYSCALLS: Final = {
     "gettid": 186, "futex": 202, "restart_syscall": 219, "clock_gettime": 228, "clock_getres": 229,
     "clock_nanosleep": 230, "exit_group": 231, "set_robust_list": 273, "getrandom": 318, "rseq": 334,
 }  # fmt: skip
-# prlimit64 on this process: reading any limit, setting only RLIMIT_CPU (the worker
-# renews its CPU backstop per execution).
+# Allowed only for some arguments: mmap and mprotect without PROT_EXEC (W^X: QuickJS does
+# not JIT, so no new code is ever mapped); prlimit64 only to read this process's limits.
+_MMAP: Final = 9
+_MPROTECT: Final = 10
 _PRLIMIT64: Final = 302
+PROT_READ: Final = 1
+PROT_WRITE: Final = 2
+PROT_EXEC: Final = 4
+MAP_PRIVATE_ANONYMOUS: Final = 0x22
 
 
 @dataclass(frozen=True)
@@ -101,45 +107,49 @@ def _libc() -> ctypes.CDLL:
 
 
 def _filter(allowed: Iterable[int]) -> bytes:
-    """The seccomp BPF program: allow ``allowed`` (and prlimit64 on this process to read
-    any limit or set RLIMIT_CPU), EPERM the rest."""
-    allowed = sorted(set(allowed))
+    """The seccomp BPF program: allow ``allowed``, mmap and mprotect without PROT_EXEC, and
+    prlimit64 reading this process's limits; EPERM the rest."""
+    program: list[tuple[int, int, str, str]] = []  # (code, k, jump if true, if false): labels, "" the next
+    labels: dict[str, int] = {}
 
-    def stmt(code: int, k: int) -> bytes:
-        return struct.pack("HBBI", code, 0, 0, k)
+    def emit(code: int, k: int, true: str = "", false: str = "") -> None:
+        program.append((code, k, true, false))
 
-    def jump(code: int, k: int, jt: int, jf: int) -> bytes:
-        return struct.pack("HBBI", code, jt, jf, k)
+    def label(name: str) -> None:
+        labels[name] = len(program)
 
-    program = [
-        stmt(_LD_W_ABS, _OFFSET_ARCH),
-        jump(_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
-        stmt(_RET_K, _RET_KILL_PROCESS),
-        stmt(_LD_W_ABS, _OFFSET_NR),
-        jump(_JGE_K, 0x40000000, 0, 1),  # the x32 ABI: not ours
-        stmt(_RET_K, _RET_KILL_PROCESS),
-    ]
-    # The tail: prlimit64 on this process only, to read any limit or to set
-    # RLIMIT_CPU (renewed per execution); then EPERM; then ALLOW (last).
-    tail = [
-        jump(_JEQ_K, _PRLIMIT64, 0, 8),  # not prlimit64: EPERM
-        stmt(_LD_W_ABS, _OFFSET_ARG0_LOW),
-        jump(_JEQ_K, 0, 0, 6),  # another process: EPERM
-        stmt(_LD_W_ABS, _OFFSET_ARG1_LOW),
-        jump(_JEQ_K, resource.RLIMIT_CPU, 5, 0),  # RLIMIT_CPU: ALLOW
-        stmt(_LD_W_ABS, _OFFSET_ARG2_LOW),
-        jump(_JEQ_K, 0, 0, 2),  # a new limit given: EPERM
-        stmt(_LD_W_ABS, _OFFSET_ARG2_HIGH),
-        jump(_JEQ_K, 0, 1, 0),  # NULL new limit (read only): ALLOW
-        stmt(_RET_K, _RET_ERRNO | errno.EPERM),
-        stmt(_RET_K, _RET_ALLOW),
-    ]
-    # One comparison per allowed call: on a match, jump over the ones left and the tail to ALLOW.
-    for index, number in enumerate(allowed):
-        remaining = len(allowed) - index - 1
-        program.append(jump(_JEQ_K, number, remaining + len(tail) - 1, 0))
-    program += tail
-    return b"".join(program)
+    emit(_LD_W_ABS, _OFFSET_ARCH)
+    emit(_JEQ_K, AUDIT_ARCH_X86_64, false="kill")
+    emit(_LD_W_ABS, _OFFSET_NR)
+    emit(_JGE_K, 0x40000000, true="kill")  # the x32 ABI: not ours
+    for number in sorted(set(allowed)):
+        emit(_JEQ_K, number, true="allow")
+    emit(_JEQ_K, _MMAP, true="check_prot")
+    emit(_JEQ_K, _MPROTECT, true="check_prot")
+    emit(_JEQ_K, _PRLIMIT64, false="deny")
+    emit(_LD_W_ABS, _OFFSET_ARG0_LOW)
+    emit(_JEQ_K, 0, false="deny")  # another process
+    emit(_LD_W_ABS, _OFFSET_ARG2_LOW)
+    emit(_JEQ_K, 0, false="deny")  # a new limit given
+    emit(_LD_W_ABS, _OFFSET_ARG2_HIGH)
+    emit(_JEQ_K, 0, true="allow", false="deny")
+    label("check_prot")
+    emit(_LD_W_ABS, _OFFSET_ARG2_LOW)
+    emit(_JSET_K, PROT_EXEC, true="deny", false="allow")
+    label("deny")
+    emit(_RET_K, _RET_ERRNO | errno.EPERM)
+    label("allow")
+    emit(_RET_K, _RET_ALLOW)
+    label("kill")
+    emit(_RET_K, _RET_KILL_PROCESS)
+
+    def offset(index: int, target: str) -> int:
+        return labels[target] - index - 1 if target else 0
+
+    return b"".join(
+        struct.pack("HBBI", code, offset(index, true), offset(index, false), k)
+        for index, (code, k, true, false) in enumerate(program)
+    )
 
 
 def _install_allowlist() -> None:
@@ -218,14 +228,30 @@ def close_inherited_fds(keep: int) -> None:
 
 
 def set_cpu_backstop(seconds: float) -> None:
-    """Kill the process (SIGXCPU, then SIGKILL) after ``seconds`` more CPU time."""
+    """Kill the process after ``seconds`` more CPU time. Soft and hard limit alike: the kernel
+    refuses to raise a hard limit without privileges, and seccomp refuses every limit change."""
     used = resource.getrusage(resource.RUSAGE_SELF)
-    now = int(used.ru_utime + used.ru_stime)
-    soft = now + max(1, int(seconds) + 1)
-    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    limit = int(used.ru_utime + used.ru_stime) + max(1, int(seconds) + 1)
+    inherited = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    if inherited != resource.RLIM_INFINITY:
+        limit = min(limit, inherited)
+    resource.setrlimit(resource.RLIMIT_CPU, (limit, limit))
+
+
+def seal_executable_mappings() -> None:
+    """Make every mapping that is both writable and executable read-and-execute (W^X).
+
+    The page of ctypes callbacks (``native.py``'s allocator hooks, made at import,
+    before the fork) is one: code written there could run. Nothing writes it again
+    after start-up (no callback is made or freed later), and seccomp refuses
+    PROT_EXEC from now on, so the process's code is fixed.
+    """
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, permissions = line.split()[:2]
+            if "w" in permissions and "x" in permissions:
+                start, end = (int(address, 16) for address in span.split("-"))
+                _protect(start, end - start, PROT_READ | PROT_EXEC)
 
 
 _isolated: list[str] | None = None  # once isolate() ran in this process: what it could not apply
@@ -261,10 +287,10 @@ def confine(channel: int, limits: Limits) -> list[str]:
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
     resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
-    resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     set_cpu_backstop(limits.cpu_seconds)
     if os.geteuid() != 0:
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    seal_executable_mappings()
     if seccomp_supported():
         _install_allowlist()
     else:
@@ -291,6 +317,9 @@ def probe() -> dict[str, str]:
     def limit(kind: int) -> str:
         return str(resource.getrlimit(kind)[0])
 
+    cpu = resource.getrlimit(resource.RLIMIT_CPU)
+    code = ctypes.cast(_libc().getpid, ctypes.c_void_p).value or 0  # a page of libc's machine code
+
     return {
         "read_file": attempt(lambda: open("/etc/hostname").read()),
         "write_file": attempt(lambda: open("/tmp/execbox-probe", "w").write("x")),  # noqa: S108 - the probe checks that writing is refused
@@ -303,13 +332,37 @@ def probe() -> dict[str, str]:
         "signal_init": attempt(lambda: os.kill(1, 0)),
         "ptrace_init": attempt(lambda: _ptrace_attach(1)),
         "raise_nofile": attempt(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))),
+        "raise_cpu": attempt(lambda: resource.setrlimit(resource.RLIMIT_CPU, (cpu[1] + 3600, cpu[1] + 3600))),
+        "lower_cpu": attempt(lambda: resource.setrlimit(resource.RLIMIT_CPU, (cpu[0] - 1, cpu[1] - 1))),
+        "map_executable": attempt(lambda: _map(PROT_READ | PROT_WRITE | PROT_EXEC)),
+        "protect_executable": attempt(lambda: _protect(_map(PROT_READ | PROT_WRITE), 4096, PROT_READ | PROT_EXEC)),
+        "write_code": attempt(lambda: _protect(code & ~4095, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)),
         "rlimit_as": limit(resource.RLIMIT_AS),
         "rlimit_nofile": limit(resource.RLIMIT_NOFILE),
         "rlimit_fsize": limit(resource.RLIMIT_FSIZE),
         "rlimit_core": limit(resource.RLIMIT_CORE),
         "rlimit_cpu": limit(resource.RLIMIT_CPU),
+        "rlimit_cpu_hard": str(cpu[1]),
         "uid": str(os.getuid()),
     }
+
+
+def _map(protection: int) -> int:
+    """A fresh anonymous page with ``protection``: its address."""
+    libc = _libc()
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    address = libc.mmap(None, 4096, protection, MAP_PRIVATE_ANONYMOUS, -1, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap")
+    return int(address)
+
+
+def _protect(start: int, length: int, protection: int) -> None:
+    libc = _libc()
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if libc.mprotect(start, length, protection) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect")
 
 
 def _ptrace_attach(pid: int) -> None:
