@@ -50,6 +50,15 @@ def children_of(parent: int) -> list[int]:
     return pids
 
 
+def process_state(pid: int) -> str:
+    """The process state letter (``Z`` for a zombie); ``gone`` once it has been reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def cpu_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()

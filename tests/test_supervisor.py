@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .daemonkit import children_of, client, run_to_done, running_daemon, stop
+from .daemonkit import children_of, client, process_state, run_to_done, running_daemon, stop
 
 
 def get(url: str) -> tuple[int, str]:
@@ -48,7 +48,7 @@ def test_shards_share_the_port_metrics_and_the_drain() -> None:
             assert 'execbox_executions_total{code="",outcome="ok"} 12.0' in body
         processes = [d.process.pid, *tree(d.process.pid)]
         assert stop(d.process, signal.SIGTERM) == 0
-        assert not [pid for pid in processes if os.path.exists(f"/proc/{pid}") and _state(pid) != "Z"]
+        assert not [pid for pid in processes if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]
 
 
 def test_shards_outlive_the_threads_that_started_them() -> None:
@@ -92,11 +92,3 @@ def test_near_the_memory_budget_new_sessions_get_503() -> None:
         metrics = get(http(d.url, "/metrics"))[1]
         assert 'execbox_rejected_handshakes_total{reason="memory"} 1.0' in metrics
         assert "execbox_memory_used_bytes" in metrics
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"

@@ -18,11 +18,15 @@ told to abort it and gets ``abandon_grace`` to comply before it is killed.
 A worker that sends anything malformed is killed. Workers are retired after
 ``lifetime`` executions (1 in the hardened profile: a fresh process each).
 Workers are followed through pidfds: they are the zygote's children, and a
-pidfd cannot signal a recycled PID.
+pidfd cannot signal a recycled PID. Workers that outlive their zygote (killed,
+crashed) come back to the daemon, a child subreaper, which reaps them on
+SIGCHLD with the zygote itself: none is left a zombie, nor handed to PID 1
+(the supervisor in a container, which would not reap them).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import signal
@@ -41,6 +45,7 @@ READY_TIMEOUT_S: Final = 30.0
 LEASE_BACKLOG: Final = 4096
 # A tenant's worker with no execution for this long is stopped (the default tenant keeps its warm ones).
 TENANT_IDLE_S: Final = 30.0
+PR_SET_CHILD_SUBREAPER: Final = 36
 
 
 class WorkerLost(Exception):
@@ -145,7 +150,7 @@ class Lease:
 
 
 class ZygoteClient:
-    """The daemon's side: start the zygote, ask it for workers."""
+    """The daemon's side: start the zygote, ask it for workers, reap what exits."""
 
     def __init__(self, worker_args: list[str]) -> None:
         self.worker_args = worker_args
@@ -154,6 +159,9 @@ class ZygoteClient:
         self._lock = trio.Lock()
 
     async def start(self) -> None:
+        # Orphans of the zygote (its workers, when it dies first) become our children, to reap.
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.process = await trio.lowlevel.open_process(
@@ -191,6 +199,28 @@ class ZygoteClient:
             finally:
                 theirs.close()
             return ipc.FORKED.unpack(answer)[0], ours
+
+    def reap(self) -> None:
+        """Reap every child that has exited: the zygote through its ``trio.Process`` (which keeps
+        its status, and tells ``fork`` to start another), any other child (a worker adopted
+        from a dead zygote) directly. Never blocks."""
+        if self.process is not None:
+            self.process.poll()
+        while True:
+            try:
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return  # no children at all
+            if exited is None or (self.process is not None and exited.si_pid == self.process.pid):
+                return  # none exited; or the zygote exited since the poll: its SIGCHLD is on the way
+            os.waitpid(exited.si_pid, os.WNOHANG)
+
+    async def reap_on_exits(self) -> None:
+        """Reap whenever a child exits, until cancelled."""
+        with trio.open_signal_receiver(signal.SIGCHLD) as exits:
+            self.reap()
+            async for _ in exits:
+                self.reap()
 
     async def aclose(self) -> None:
         if self._control is not None:
@@ -246,6 +276,7 @@ class WorkerPool:
         """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.zygote.reap_on_exits)
             try:
                 await self.zygote.start()
                 self._top_up()
