@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from execbox_runner.daemon import config, server
+from execbox_runner.daemon import config, server, supervisor
 from execbox_runner.daemon.server import UNSAFE_SETTINGS
 
-from .daemonkit import Daemon, client, execute, receive, running_daemon
+from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
 from .test_config import settings
 from .test_operations import metric
 
@@ -155,6 +155,13 @@ def test_zero_means_auto_or_never_where_the_help_says_so() -> None:
     out = run("serve", "--help").stdout
     for meaning in ("0: one per core", "0: never", "0: sized from memory", "0: 80 percent", "0 picks a free port"):
         assert meaning in " ".join(out.split())
+
+
+def test_no_warm_workers_means_none_in_every_daemon_process_and_executions_still_run() -> None:
+    shard = supervisor.shard_arguments(config.Settings(warm_workers=0), 2, 8765)
+    assert shard[shard.index("--warm-workers") + 1] == "0"
+    with running_daemon("--warm-workers", "0") as d, client(d.url) as ws:
+        assert run_to_done(ws, "cold", "6 * 7")["result"] == 42
 
 
 def test_choices_are_case_insensitive_and_a_lower_max_workers_lowers_the_default_warm_workers() -> None:

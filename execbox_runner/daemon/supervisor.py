@@ -71,7 +71,7 @@ def shard_arguments(settings: Settings, count: int, port: int) -> list[str]:
         "--port",
         str(port),
         "--warm-workers",
-        str(max(1, settings.warm_workers // count)),
+        str(max(1 if settings.warm_workers else 0, settings.warm_workers // count)),  # 0 stays none
         "--max-workers",
         str(max(1, settings.max_workers // count)),
         *(["--max-sessions", str(math.ceil(sessions / count))] if sessions else []),
