@@ -122,3 +122,27 @@ def _rss(pid: int) -> int:
             return int(statm.read().split()[1])
     except OSError:
         return 0
+
+
+def test_a_worker_slow_to_let_go_of_an_aborted_execution_keeps_its_others() -> None:
+    """A worker that cannot answer an abort in time (here: stopped, as a starved CPU would leave it)
+    is retired, not killed: the execution it still hosts finishes normally once it runs again."""
+    with running_daemon("--warm-workers", "1") as d, client(d.url) as kept:
+        before = {pid: cpu_ticks(pid) for pid in d.workers()}
+        kept.send(execute("kept", "let x = 0; for (let i = 0; i < 2e7; i++) x += i; " + PARKED, timeoutMs=60_000))
+        assert receive(kept)["type"] == "started"
+        call = receive(kept, timeout=30)
+        host = max(d.workers(), key=lambda pid: cpu_ticks(pid) - before.get(pid, 0))
+        with client(d.url) as gone:
+            park(gone, "gone")
+            os.kill(host, signal.SIGSTOP)
+            try:
+                gone.close()  # the host goes away: its execution is aborted and abandoned
+                time.sleep(3.5)  # past the abandon grace (2.5 s) while the worker cannot answer
+            finally:
+                os.kill(host, signal.SIGCONT)
+        assert settle(kept, call, 41)["result"] == 42
+        wait_for(lambda: host not in d.workers())  # retired: it ends with its last execution
+        assert host not in d.workers()
+        with client(d.url) as after:  # new work goes elsewhere and runs
+            assert run_to_done(after, "after", "await tools.echo(1) + 1")["result"] == 2

@@ -14,7 +14,9 @@ One relay task per worker reads its channel and routes each frame to the
 lease of its slot. When a worker dies, every execution it held learns at
 once (``WorkerLost``) and the pool replaces it. A lease given up before its
 execution finished (timeout, cancel, host gone) is abandoned: the worker is
-told to abort it and gets ``abandon_grace`` to comply before it is killed.
+told to abort it; one that has not complied within ``abandon_grace`` takes no
+new executions, and is killed (with whatever it still hosts) only if the
+execution is still held ``STUCK_KILL_S`` later.
 A worker that sends anything malformed is killed. Workers are retired after
 ``lifetime`` executions (1 in the hardened profile: a fresh process each).
 Workers are followed through pidfds: they are the zygote's children, and a
@@ -27,6 +29,7 @@ SIGCHLD with the zygote itself: none is left a zombie, nor handed to PID 1
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import signal
@@ -40,11 +43,15 @@ import trio
 
 from ..protocol import ipc
 
+log = logging.getLogger(__name__)
+
 READY_TIMEOUT_S: Final = 30.0
 # Messages a lease may have waiting before its worker is judged to be flooding.
 LEASE_BACKLOG: Final = 4096
 # A tenant's worker with no execution for this long is stopped (the default tenant keeps its warm ones).
 TENANT_IDLE_S: Final = 30.0
+# A retired worker still holding an aborted execution this long after its grace is stuck: killed.
+STUCK_KILL_S: Final = 30.0
 PR_SET_CHILD_SUBREAPER: Final = 36
 
 
@@ -439,8 +446,16 @@ class WorkerPool:
         except WorkerLost:
             return
         await trio.sleep(self.abandon_grace)
+        if worker.leases.get(lease.slot) is not lease:
+            return
+        # Slow to let go (a starved CPU) or stuck: take no new executions, so that the
+        # worker ends with its last one; kill it only if the slot is still held much later.
+        log.warning("worker %d has not let go of an aborted execution; retiring it", worker.pid)
+        self._retire(worker)
+        await trio.sleep(STUCK_KILL_S)
         if worker.leases.get(lease.slot) is lease:
-            worker.kill()  # it did not let go of the execution: its others go too, as they must
+            log.warning("worker %d is stuck in an aborted execution; killing it with its others", worker.pid)
+            worker.kill()
 
     def _forget(self, lease: Lease) -> None:
         worker = lease.worker
