@@ -12,6 +12,8 @@ re-encoded on the way.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
@@ -28,8 +30,11 @@ ErrorCode: TypeAlias = Literal[
 ]
 ERROR_CODES: Final[frozenset[str]] = frozenset(ErrorCode.__args__)  # type: ignore[attr-defined]
 
-PositiveNumber = Annotated[float, Meta(gt=0)]
-Count = Annotated[int, Meta(ge=0)]
+# Limits are JavaScript numbers: larger than 2**53 they are not exact, and an
+# unbounded one (1e400 parses as infinity) would reach the worker as a budget.
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+PositiveNumber = Annotated[float, Meta(gt=0, le=MAX_SAFE_INTEGER)]
+Count = Annotated[int, Meta(ge=0, le=MAX_SAFE_INTEGER)]
 
 
 class ToolFailure(Struct, frozen=True):
@@ -69,7 +74,7 @@ class RuntimeOptions(Struct, frozen=True):
     """``ExecutorRuntimeOptions``: the limits of one execution."""
 
     timeoutMs: PositiveNumber
-    memoryLimitBytes: Annotated[int, Meta(gt=0)]
+    memoryLimitBytes: Annotated[int, Meta(gt=0, le=MAX_SAFE_INTEGER)]
     maxLogLines: Count
     maxLogChars: Count
 
@@ -145,20 +150,35 @@ class Done(Struct, tag="done", tag_field="type", frozen=True):
 RunnerMessage: TypeAlias = Started | ToolCall | Done
 
 _host_decoder: Final[msgspec.json.Decoder[HostMessage]] = msgspec.json.Decoder(HostMessage)
-_any_decoder: Final = msgspec.json.Decoder()
 _raw_decoder: Final = msgspec.json.Decoder(Raw)
 _encoder: Final = msgspec.json.Encoder()
+
+# Deepest JSON the runner passes on (a tool result, a guest's result or tool
+# input). msgspec decodes recursively and gives up near Python's recursion
+# limit (about 1,000 levels), so deeper values are checked by ``_outline``,
+# which keeps its own stack; QuickJS parses this depth on the guest's stack.
+MAX_DEPTH: Final = 10_000
+
+
+class BadJSON(ValueError):
+    """Text that is not one JSON value the runner accepts: ``deep`` when it nests
+    deeper than ``MAX_DEPTH``, else not UTF-8 or not JSON."""
+
+    def __init__(self, detail: str, *, deep: bool = False) -> None:
+        super().__init__(detail)
+        self.deep = deep
 
 
 class BadMessage(Exception):
     """A frame that is not a valid host message, sorted for the answer it gets.
 
-    ``kind`` is ``"json"`` (not JSON at all), ``"type"`` (no known ``type``) or
-    ``"schema"`` (a known type with wrong fields). ``execute_id`` is the id of a
-    malformed ``execute`` when one can still be read, so it can get a ``done``.
+    ``kind`` is ``"json"`` (not UTF-8 JSON at all), ``"deep"`` (JSON nested deeper
+    than ``MAX_DEPTH``), ``"type"`` (no known ``type``) or ``"schema"`` (a known
+    type with wrong fields). ``execute_id`` is the id of a malformed ``execute``
+    when one can still be read, so it can get a ``done``.
     """
 
-    def __init__(self, kind: Literal["json", "type", "schema"], detail: str, execute_id: str | None = None):
+    def __init__(self, kind: Literal["json", "deep", "type", "schema"], detail: str, execute_id: str | None = None):
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
@@ -169,27 +189,163 @@ _HOST_TYPES: Final = frozenset({"execute", "cancel", "tool_result"})
 
 
 def decode_host(data: bytes | str) -> HostMessage:
-    """Decode one host frame or raise ``BadMessage`` saying what is wrong with it."""
+    """Decode one host frame or raise ``BadMessage`` saying what is wrong with it.
+
+    msgspec takes every ordinary frame. What it refuses is judged again on a
+    non-recursive outline: deep JSON, lone surrogates (which JavaScript strings
+    hold) and out-of-range numbers must get a precise answer, never an exception.
+    """
+    raw = data.encode() if isinstance(data, str) else data
     try:
-        return _host_decoder.decode(data)
+        _check_utf8(raw)  # msgspec does not check the text it keeps as Raw
+        return _host_decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        detail = str(exc)
-    except msgspec.DecodeError as exc:
-        raise BadMessage("json", f"invalid JSON: {exc}") from None
-    # The frame is JSON but not a valid message: find out how far it got.
-    value = _any_decoder.decode(data)
-    kind: Literal["type", "schema"] = "schema"
-    if not isinstance(value, dict) or value.get("type") not in _HOST_TYPES:
-        kind = "type"
-        detail = (
-            f"unknown message type: {value.get('type')!r}"
-            if isinstance(value, dict)
-            else "a message must be a JSON object"
-        )
-    execute_id = None
-    if kind == "schema" and value["type"] == "execute" and isinstance(value.get("id"), str):
-        execute_id = value["id"]
-    raise BadMessage(kind, detail, execute_id)
+        detail: str | None = str(exc)
+    except (msgspec.DecodeError, RecursionError, BadJSON):
+        detail = None  # maybe valid all the same: the outline decides
+    try:
+        members = _outline(raw)
+    except BadJSON as exc:
+        raise BadMessage("deep" if exc.deep else "json", str(exc)) from None
+    if members is None:
+        raise BadMessage("type", "a message must be a JSON object")
+    kind = _member_string(raw, members, "type")
+    if kind not in _HOST_TYPES:
+        shown = _clip(raw[slice(*members["type"])].decode()) if "type" in members else "none"
+        raise BadMessage("type", f"unknown message type: {shown}")
+    if detail is None:
+        try:
+            return _decode_members(raw, members)
+        except (msgspec.ValidationError, RecursionError, UnicodeEncodeError) as exc:
+            detail = _detail(exc)
+    execute_id = _member_string(raw, members, "id") if kind == "execute" else None
+    raise BadMessage("schema", detail, execute_id)
+
+
+def _decode_members(data: bytes, members: dict[str, tuple[int, int]]) -> HostMessage:
+    """The message, decoded one top-level member at a time.
+
+    A ``result`` stays the JSON text the host sent (lone surrogates and depth
+    included: it reaches the guest unchanged). Every other member is a small
+    value: its strings must be well-formed Unicode, as they travel on as text,
+    except an error's ``message``, which keeps its meaning as well as it can.
+    """
+    fields: dict[str, object] = {}
+    for key, (start, end) in members.items():
+        text = data[start:end]
+        if key == "result":
+            fields[key] = Raw(text)
+            continue
+        value = json.loads(text)
+        if key == "error" and isinstance(value, dict) and isinstance(value.get("message"), str):
+            value["message"] = well_formed(value["message"])
+        _encoder.encode(value)  # raises UnicodeEncodeError on a lone surrogate
+        fields[key] = value
+    message: HostMessage = msgspec.convert(fields, HostMessage)
+    return message
+
+
+def _detail(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "a field nests too deeply"
+    if isinstance(exc, UnicodeEncodeError):
+        return "a lone surrogate in a text field"
+    return str(exc)
+
+
+def _member_string(data: bytes, members: dict[str, tuple[int, int]], key: str) -> str | None:
+    """A top-level member that is a well-formed string, else None."""
+    if key not in members:
+        return None
+    text = data[slice(*members[key])]
+    if not text.startswith(b'"'):
+        return None
+    value = json.loads(text)
+    assert isinstance(value, str)
+    return value if value == well_formed(value) else None
+
+
+def well_formed(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (as ``String.prototype.toWellFormed``)."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+_TOKEN: Final = re.compile(
+    rb"""[ \t\n\r]*+(?:
+      (?P<string>"(?:[^"\\\x00-\x1f]++|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*+")
+    | (?P<scalar>-?(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?(?:[eE][-+]?[0-9]++)?|true|false|null)
+    | (?P<open>[\[{]) | (?P<close>[\]}]) | (?P<comma>,) | (?P<colon>:))""",
+    re.VERBOSE,
+)
+_SPACE: Final = re.compile(rb"[ \t\n\r]*+\Z")
+
+
+def _outline(data: bytes) -> dict[str, tuple[int, int]] | None:
+    """Check ``data`` is one JSON value at most ``MAX_DEPTH`` deep, without recursion.
+
+    Returns the byte spans of the members of a top-level object (None for any
+    other value), so a caller can decode them one by one. Lone surrogate escapes
+    are JSON; invalid UTF-8 is not.
+    """
+    _check_utf8(data)
+    stack = bytearray()  # the open containers, b"[" or b"{"
+    members: dict[str, tuple[int, int]] | None = None
+    key, start = "", 0  # the top-level member being read
+    want = "value"  # value, first (value or "]"), key, first_key (key or "}"), colon, next ("," or close)
+    pos = 0
+    while want != "end":
+        token = _TOKEN.match(data, pos)
+        if token is None:
+            raise BadJSON(f"invalid JSON at byte {pos}")
+        kind, pos = token.lastgroup, token.end()
+        at = token.start(kind or 0)
+        if want in ("value", "first") and kind in ("string", "scalar", "open"):
+            if len(stack) == 1 and members is not None:
+                start = at
+            if kind == "open":
+                if len(stack) == MAX_DEPTH:
+                    raise BadJSON(f"JSON nested deeper than {MAX_DEPTH} levels", deep=True)
+                stack += data[at : at + 1]
+                if len(stack) == 1 and stack[0] == ord("{"):
+                    members = {}
+                want = "first" if stack[-1] == ord("[") else "first_key"
+                continue
+        elif want in ("key", "first_key") and kind == "string":
+            if len(stack) == 1 and members is not None:
+                key = json.loads(data[at:pos])
+            want = "colon"
+            continue
+        elif want == "colon" and kind == "colon":
+            want = "value"
+            continue
+        elif want == "next" and kind == "comma":
+            want = "value" if stack[-1] == ord("[") else "key"
+            continue
+        elif kind == "close" and (
+            (want in ("next", "first") and stack[-1:] == b"[") or (want in ("next", "first_key") and stack[-1:] == b"{")
+        ):
+            del stack[-1]
+        else:
+            raise BadJSON(f"invalid JSON at byte {at}")
+        # A value ended (a scalar, or a container just closed).
+        if len(stack) == 1 and members is not None:
+            members[key] = (start, pos)
+        want = "next" if stack else "end"
+    if _SPACE.match(data, pos) is None:
+        raise BadJSON(f"invalid JSON at byte {pos}: trailing data")
+    return members
+
+
+def _check_utf8(data: bytes) -> None:
+    if not data.isascii():
+        try:
+            data.decode()
+        except UnicodeDecodeError as exc:
+            raise BadJSON(f"invalid UTF-8 at byte {exc.start}") from None
 
 
 def encode(message: HostMessage | RunnerMessage) -> bytes:
@@ -197,9 +353,15 @@ def encode(message: HostMessage | RunnerMessage) -> bytes:
 
 
 def checked_json(data: bytes) -> Raw:
-    """Wrap JSON text as ``Raw`` after checking it is exactly one JSON value.
+    """Wrap JSON text as ``Raw`` after checking it is exactly one JSON value,
+    at most ``MAX_DEPTH`` deep; raises ``BadJSON`` otherwise.
 
     Raw values are spliced into frames verbatim, so text from a worker must be
     checked before it can reach the host.
     """
-    return _raw_decoder.decode(data)
+    try:
+        _check_utf8(data)
+        return _raw_decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        _outline(data)
+        return Raw(data)

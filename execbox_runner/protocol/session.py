@@ -18,12 +18,12 @@ import enum
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
-import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from . import ipc
 from .messages import (
     ERROR_CODES,
+    BadJSON,
     BadMessage,
     Cancel,
     Done,
@@ -48,6 +48,7 @@ CLOSE_GOING_AWAY: Final = 1001  # the daemon is shutting down
 CLOSE_UNSUPPORTED_DATA: Final = 1003  # binary frame
 CLOSE_INVALID_PAYLOAD: Final = 1007  # not JSON
 CLOSE_POLICY_VIOLATION: Final = 1008  # JSON, but not a valid host message
+CLOSE_TOO_BIG: Final = 1009  # over --max-message-bytes (websockets), or JSON nested too deeply
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +117,23 @@ class _Execution:
     deadline: float
     tools: frozenset[tuple[str, str]]
     logs: list[str]
+    log_lines_left: int
+    log_chars_left: int  # UTF-16 code units, as JavaScript counts them
     pending: dict[str, tuple[int, float]]  # callId -> (worker call id, when the tool_call went out)
     issued: set[int]  # every worker call id seen, to refuse repeats
     latencies: list[float]  # seconds from tool_call to tool_result, per settled call
     unknown_codes: list[str]  # failing tool_results' codes outside the stable set
+
+    def add_logs(self, lines: list[str]) -> None:
+        """Keep what the specification's truncation keeps, as the worker should have:
+        a worker may be hostile, so its logs are cut here too, as they arrive."""
+        for line in lines:
+            if self.log_lines_left <= 0 or self.log_chars_left <= 0:
+                return
+            kept, units = _clip_utf16(line, self.log_chars_left)
+            self.log_lines_left -= 1
+            self.log_chars_left -= units
+            self.logs.append(kept)
 
 
 class Session:
@@ -191,7 +205,7 @@ class Session:
 
     def _execute(self, message: Execute, now: float) -> list[Action]:
         if self._exec is not None:
-            return _rejected(message.id, "internal_error", ALREADY_ACTIVE_MESSAGE)
+            return self._already_active(message.id, now)
         options = message.options
         if options.timeoutMs > self.max_timeout_ms:
             return _rejected(
@@ -206,6 +220,7 @@ class Session:
                 f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
             )
         deadline = now + options.timeoutMs / 1000
+        max_log_chars = min(options.maxLogChars, self.max_output_bytes // 6)
         providers = [(p.name, [t.safeName for t in p.tools.values()]) for p in message.providers]
         self._exec = _Execution(
             id=message.id,
@@ -214,6 +229,8 @@ class Session:
             deadline=deadline,
             tools=frozenset((name, tool) for name, tools in providers for tool in tools),
             logs=[],
+            log_lines_left=options.maxLogLines,
+            log_chars_left=max_log_chars,
             pending={},
             issued=set(),
             latencies=[],
@@ -226,7 +243,7 @@ class Session:
             budget_s=options.timeoutMs / 1000,
             memory_limit=options.memoryLimitBytes,
             max_log_lines=options.maxLogLines,
-            max_log_chars=min(options.maxLogChars, self.max_output_bytes // 6),
+            max_log_chars=max_log_chars,
             providers=providers,
             max_output_bytes=self.max_output_bytes,
         )
@@ -256,10 +273,19 @@ class Session:
     def _bad_message(self, bad: BadMessage, now: float) -> list[Action]:
         if bad.execute_id is not None:
             if self._exec is not None:
-                return _rejected(bad.execute_id, "internal_error", ALREADY_ACTIVE_MESSAGE)
+                return self._already_active(bad.execute_id, now)
             return _rejected(bad.execute_id, "validation_error", f"Invalid execute message: {bad.detail}")
-        code = CLOSE_INVALID_PAYLOAD if bad.kind == "json" else CLOSE_POLICY_VIOLATION
+        code = {"json": CLOSE_INVALID_PAYLOAD, "deep": CLOSE_TOO_BIG}.get(bad.kind, CLOSE_POLICY_VIOLATION)
         return self._fail_and_close(now, code, bad.detail)
+
+    def _already_active(self, exec_id: str, now: float) -> list[Action]:
+        """A second ``execute`` gets its own ``done``. If it reuses the active
+        execution's id, that ``done`` is the active one's too: a ``done`` is the
+        last word for its id, so the active execution ends with it."""
+        assert self._exec is not None
+        if exec_id == self._exec.id:
+            return self._conclude(now, ReleaseWorker(reusable=False), "internal_error", ALREADY_ACTIVE_MESSAGE)
+        return _rejected(exec_id, "internal_error", ALREADY_ACTIVE_MESSAGE)
 
     def _fail_and_close(self, now: float, code: int, reason: str) -> list[Action]:
         """A frame nobody can act on: fail the active execution, then close."""
@@ -278,7 +304,7 @@ class Session:
         ex = self._exec
         if ex is None:
             return []
-        ex.logs.extend(message.logs)
+        ex.add_logs(message.logs)
         if self.phase is not Phase.RUNNING:
             return []  # unwinding after cancel/timeout: no tool_call after the decision
         actions: list[Action] = []
@@ -287,8 +313,8 @@ class Session:
                 return self.worker_lost(now, "worker sent an invalid tool call")
             try:
                 tool_input = UNSET if input_json is None else checked_json(input_json)
-            except msgspec.DecodeError:
-                return self.worker_lost(now, "worker sent an invalid tool input")
+            except BadJSON as exc:
+                return self.worker_lost(now, f"worker sent an invalid tool input ({exc})")
             ex.issued.add(call_id)
             call = f"call-{call_id}"
             ex.pending[call] = (call_id, now)
@@ -301,15 +327,15 @@ class Session:
         ex = self._exec
         if ex is None:
             return []
-        ex.logs.extend(message.logs)
+        ex.add_logs(message.logs)
         release = ReleaseWorker(reusable=not message.recycle)
         if self.phase is Phase.ABORTING:
             return self._finish_timeout(now, release)
         if message.ok:
             try:
                 result = UNSET if message.result is None else checked_json(message.result)
-            except msgspec.DecodeError:
-                return self.worker_lost(now, "worker sent an invalid result")
+            except BadJSON as exc:
+                return self.worker_lost(now, f"worker sent an invalid result ({exc})")
             return self._conclude(now, release, result=result)
         code = message.code or "internal_error"
         if code == "timeout":
@@ -423,6 +449,17 @@ def _record(ex: _Execution, now: float, outcome: str, code: ErrorCode | None) ->
         ex.code,
         tuple(ex.unknown_codes),
     )
+
+
+def _clip_utf16(line: str, limit: int) -> tuple[str, int]:
+    """``line`` cut to ``limit`` UTF-16 code units, and its length in them; a pair
+    cut in half leaves U+FFFD, as the worker's ``toWellFormed`` does."""
+    if line.isascii() and len(line) <= limit:
+        return line, len(line)
+    units = line[:limit].encode("utf-16-le", "surrogatepass")  # ``limit`` characters hold enough units
+    if len(units) <= 2 * limit:
+        return line[:limit], len(units) // 2
+    return units[: 2 * limit].decode("utf-16-le", "replace"), limit
 
 
 def _close_reason(reason: str) -> str:
