@@ -166,6 +166,32 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
     process.wait(timeout=30)
 
 
+def spin_run(budget_s: float) -> ipc.Run:
+    return ipc.Run(
+        code="while (true) {}",
+        budget_s=budget_s,
+        memory_limit=32 << 20,
+        max_log_lines=10,
+        max_log_chars=100,
+        providers=[],
+        max_output_bytes=1 << 20,
+    )
+
+
+def test_an_execution_aborted_before_it_started_is_answered_while_the_runners_are_busy() -> None:
+    """With its only runner held by a spinning guest, a queued execution's Abort still gets its
+    Finished at once (from the reading thread), not after the spinner ends."""
+    process, sock = start_worker("--max-memory", str(64 << 20), "--threads", "1")
+    with sock:
+        assert isinstance(receive(sock), ipc.Ready)
+        sock.sendall(ipc.frame(1, spin_run(30)) + ipc.frame(2, spin_run(30)) + ipc.frame(2, ipc.Abort()))
+        first = receive(sock, 2)
+        assert isinstance(first, ipc.Finished) and first.code == "timeout"
+        sock.sendall(ipc.frame(1, ipc.Abort()))
+        assert receive(sock, 1).code == "timeout"  # type: ignore[union-attr]
+    process.wait(timeout=30)
+
+
 def test_info_reports_what_this_host_enforces() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "execbox_runner", "info", "--json"],

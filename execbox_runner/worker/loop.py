@@ -46,7 +46,7 @@ from typing import Final
 
 from ..protocol import ipc
 from . import sandbox
-from .guest import STACK_BYTES, GuestRun, Runtime, fresh_runtime
+from .guest import STACK_BYTES, TIMEOUT_MESSAGE, GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
 
 POKE_INTERVAL_S: Final = 0.001
@@ -56,6 +56,7 @@ SWITCH_INTERVAL_S: Final = 0.0002
 # Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
 NICENESS: Final = 10
 DEFAULT_THREADS: Final = 16
+NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 
 
 @dataclass(eq=False)
@@ -160,9 +161,14 @@ class Worker:
         self._read()
 
     def _read(self) -> None:
-        """The main thread: hand each message to its slot until the channel closes."""
+        """The main thread: hand each message to its slot until the channel closes.
+
+        An Abort for a slot whose Run no runner has taken yet is answered here: nothing ran,
+        nothing is to unwind, and the runners may all be busy with spinning guests.
+        """
         while True:
             slot, message = recv_to_worker(self.sock)
+            poke = None
             with self.lock:
                 hosted = self.hosted.get(slot)
                 if isinstance(message, ipc.Run):
@@ -171,15 +177,21 @@ class Worker:
                     hosted = self.hosted[slot] = Hosted(slot)
                 elif hosted is None:
                     continue  # a late Settle/Abort for an execution that already finished
-                poke = None
-                if isinstance(message, ipc.Abort):
-                    hosted.aborting = True
-                    poke = hosted.guest
-                hosted.mailbox.append(message)
-                if not hosted.scheduled:
-                    hosted.scheduled = True
-                    self.ready.put(hosted)
-            if poke is not None and self.interrupter is not None:
+                unstarted = isinstance(message, ipc.Abort) and isinstance(next(iter(hosted.mailbox), None), ipc.Run)
+                if unstarted:
+                    del self.hosted[slot]  # a runner that takes the slot up later finds its mailbox empty
+                    hosted.mailbox.clear()
+                else:
+                    if isinstance(message, ipc.Abort):
+                        hosted.aborting = True
+                        poke = hosted.guest
+                    hosted.mailbox.append(message)
+                    if not hosted.scheduled:
+                        hosted.scheduled = True
+                        self.ready.put(hosted)
+            if unstarted:
+                self._send(slot, NOT_STARTED)
+            elif poke is not None and self.interrupter is not None:
                 self.interrupter.request(poke)
 
     def _runner(self) -> None:

@@ -11,14 +11,16 @@ or write files, because the kernel refuses.
 2. dropping to an unprivileged user (``nobody``) when running as root;
 3. closing every inherited file descriptor except the worker's channel;
 4. resource limits: an address-space backstop above the QuickJS memory
-   limit, a CPU-time backstop, no core files, no file writes (size 0), a
-   small open-file limit, no new processes;
-5. ``no_new_privs``;
-6. a seccomp filter (raw BPF, x86-64) that allows only what running QuickJS
-   and talking on the channel needs: memory, time, futexes, signals masks,
-   reads/writes, randomness, exit. Everything else (open, socket, connect,
-   exec, fork, clone, ptrace, kill, ...) fails with EPERM. It is installed
-   with TSYNC, so it covers the worker's reader thread too.
+   limit, a CPU-time backstop (hard as well as soft), no core files, no file
+   writes (size 0), a small open-file limit, no new processes;
+5. W^X: no mapping left both writable and executable;
+6. ``no_new_privs``;
+7. a seccomp filter (raw BPF, x86-64) that allows only what running QuickJS
+   and talking on the channel needs: memory (never executable), time,
+   futexes, signals masks, reads/writes, reading its limits, randomness,
+   exit. Everything else (open, socket, connect, exec, fork, clone, ptrace,
+   kill, changing a limit, mapping code, ...) fails with EPERM. It is
+   installed with TSYNC, so it covers all the worker's threads.
 
 ``capabilities()`` tells, without changing anything, which of these this host
 can enforce, so the daemon can warn about the rest and report them.
