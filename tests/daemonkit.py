@@ -19,6 +19,8 @@ from typing import IO, Any
 from websockets.sync.client import ClientConnection, connect
 
 STARTUP_TIMEOUT_S = 60.0
+# prctl(PR_SET_CHILD_SUBREAPER), then exec the real command line.
+AS_SUBREAPER = "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 OPTIONS = {"timeoutMs": 5000, "memoryLimitBytes": 67108864, "maxLogLines": 100, "maxLogChars": 64000}
 TOOLS = [{"name": "tools", "tools": {n: {"safeName": n, "originalName": n} for n in ("echo", "hang")}, "types": ""}]
 
@@ -66,19 +68,22 @@ def cpu_ticks(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def running_daemon(*args: str, env: dict[str, str] | None = None) -> Iterator[Daemon]:
+def running_daemon(*args: str, env: dict[str, str] | None = None, subreaper: bool = False) -> Iterator[Daemon]:
     """Start ``execbox-runner serve`` on a free loopback port; stop it (by PID) afterwards.
 
     One daemon process unless ``args`` say otherwise, so that ``Daemon.workers``
     sees every worker (a supervisor's shards are tested in test_supervisor.py).
 
     The daemon's stderr goes to a file, so a chatty daemon never blocks on a
-    pipe nobody drains, and it is shown when start-up fails.
+    pipe nobody drains, and it is shown when start-up fails. ``subreaper`` starts
+    it as a child subreaper already (the flag survives exec), as PID 1 in a
+    container is: orphans below it become its children.
     """
+    launcher = [sys.executable, "-c", AS_SUBREAPER] if subreaper else [sys.executable]
     with tempfile.TemporaryFile(mode="w+") as stderr:
         process = subprocess.Popen(
             [
-                sys.executable,
+                *launcher,
                 "-m",
                 "execbox_runner",
                 "serve",

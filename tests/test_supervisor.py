@@ -64,7 +64,9 @@ def test_shards_outlive_the_threads_that_started_them() -> None:
 
 
 def test_a_killed_shard_is_replaced() -> None:
-    with running_daemon("--processes", "2", "--warm-workers", "2") as d:
+    """Also as PID 1 of a container would run it (a subreaper): the dead shard's zygote and workers
+    come back to the supervisor and must be reaped, not left zombies."""
+    with running_daemon("--processes", "2", "--warm-workers", "2", subreaper=True) as d:
         victim = children_of(d.process.pid)[0]
         os.kill(victim, signal.SIGKILL)
         for _ in range(200):
@@ -73,6 +75,12 @@ def test_a_killed_shard_is_replaced() -> None:
                 break
             time.sleep(0.05)
         assert victim not in children_of(d.process.pid) and len(children_of(d.process.pid)) == 2
+        # The dead shard's zygote and workers came back to the supervisor (a subreaper): reaped.
+        for _ in range(200):
+            if not [pid for pid in children_of(d.process.pid) if process_state(pid) == "Z"]:
+                break
+            time.sleep(0.05)
+        assert not [pid for pid in children_of(d.process.pid) if process_state(pid) == "Z"]
         for index in range(6):
             with client(d.url) as ws:
                 assert run_to_done(ws, f"e{index}", "1 + 1")["result"] == 2

@@ -28,7 +28,6 @@ SIGCHLD with the zygote itself: none is left a zombie, nor handed to PID 1
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import os
@@ -42,6 +41,7 @@ from typing import Final
 import trio
 
 from ..protocol import ipc
+from . import reaper
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,6 @@ LEASE_BACKLOG: Final = 4096
 TENANT_IDLE_S: Final = 30.0
 # A retired worker still holding an aborted execution this long after its grace is stuck: killed.
 STUCK_KILL_S: Final = 30.0
-PR_SET_CHILD_SUBREAPER: Final = 36
 
 
 class WorkerLost(Exception):
@@ -167,8 +166,7 @@ class ZygoteClient:
 
     async def start(self) -> None:
         # Orphans of the zygote (its workers, when it dies first) become our children, to reap.
-        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        reaper.become_subreaper()
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.process = await trio.lowlevel.open_process(
@@ -207,27 +205,9 @@ class ZygoteClient:
                 theirs.close()
             return ipc.FORKED.unpack(answer)[0], ours
 
-    def reap(self) -> None:
-        """Reap every child that has exited: the zygote through its ``trio.Process`` (which keeps
-        its status, and tells ``fork`` to start another), any other child (a worker adopted
-        from a dead zygote) directly. Never blocks."""
-        if self.process is not None:
-            self.process.poll()
-        while True:
-            try:
-                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                return  # no children at all
-            if exited is None or (self.process is not None and exited.si_pid == self.process.pid):
-                return  # none exited; or the zygote exited since the poll: its SIGCHLD is on the way
-            os.waitpid(exited.si_pid, os.WNOHANG)
-
-    async def reap_on_exits(self) -> None:
-        """Reap whenever a child exits, until cancelled."""
-        with trio.open_signal_receiver(signal.SIGCHLD) as exits:
-            self.reap()
-            async for _ in exits:
-                self.reap()
+    def owned(self) -> list[trio.Process]:
+        """The zygote, for the reaper: reaped through trio, so ``fork`` sees it is gone."""
+        return [self.process] if self.process is not None else []
 
     async def aclose(self) -> None:
         if self._control is not None:
@@ -283,7 +263,7 @@ class WorkerPool:
         """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self.zygote.reap_on_exits)
+            nursery.start_soon(reaper.reap_on_exits, self.zygote.owned)
             try:
                 await self.zygote.start()
                 self._top_up()

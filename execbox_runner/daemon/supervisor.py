@@ -30,6 +30,7 @@ from typing import Final
 
 import trio
 
+from . import reaper
 from .config import Settings
 from .metrics import MULTIPROCESS_ENV, live_state_file
 
@@ -102,11 +103,13 @@ class Supervisor:
         self.shards: list[trio.Process | None] = [None] * count
 
     async def run(self) -> int:
+        reaper.become_subreaper()  # a dead shard's zygote and workers come back to us, to reap
         with reserve_port(self.settings.host, self.settings.port) as reserved:
             port = reserved.getsockname()[1]
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 try:
                     async with trio.open_nursery() as nursery:
+                        nursery.start_soon(reaper.reap_on_exits, self._owned)
                         urls = [await nursery.start(self._keep, index, port) for index in range(self.count)]
                         reserved.close()
                         print(f"execbox-runner listening on {urls[0]}", flush=True)
@@ -124,6 +127,9 @@ class Supervisor:
                 finally:
                     shutil.rmtree(self.metrics_dir, ignore_errors=True)
         return self.status
+
+    def _owned(self) -> list[trio.Process]:
+        return [shard for shard in self.shards if shard is not None]
 
     def _forward(self, signum: int) -> None:
         for shard in self.shards:

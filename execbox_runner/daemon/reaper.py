@@ -1,0 +1,50 @@
+"""Reaping: no child of the daemon is ever left a zombie.
+
+The daemon process (and the supervisor, with ``--processes``) is a child
+subreaper: processes orphaned below it, such as workers that outlive a killed
+zygote, or the zygote of a shard that died, become its children instead of
+going to PID 1, which in a container may be the daemon itself or something
+that never reaps. On every SIGCHLD it reaps what has exited. The processes it
+started with trio are reaped through their ``trio.Process`` (``poll``), which
+keeps their exit status for whoever waits on them; every other child directly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import trio
+
+PR_SET_CHILD_SUBREAPER: Final = 36
+
+
+def become_subreaper() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def reap(owned: Sequence[trio.Process]) -> None:
+    """Reap every child that has exited, ``owned`` ones through trio. Never blocks."""
+    for process in owned:
+        process.poll()
+    pids = {process.pid for process in owned}
+    while True:
+        try:
+            exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return  # no children at all
+        if exited is None or exited.si_pid in pids:
+            return  # none exited; or an owned one exited since its poll: its SIGCHLD is on the way
+        os.waitpid(exited.si_pid, os.WNOHANG)
+
+
+async def reap_on_exits(owned: Callable[[], Sequence[trio.Process]]) -> None:
+    """Reap whenever a child exits, until cancelled."""
+    with trio.open_signal_receiver(signal.SIGCHLD) as exits:
+        reap(owned())
+        async for _ in exits:
+            reap(owned())
