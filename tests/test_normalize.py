@@ -53,10 +53,11 @@ def test_strip_fence_leaves_unfenced_or_partial_code_alone() -> None:
     assert strip_fence("```js x```") == "```js x```"
 
 
-def test_normalize_output_is_one_async_function_expression() -> None:
-    assert normalize("").source == "(async () => {})"
+def test_normalize_output_is_one_async_function_body() -> None:
+    assert normalize("").source == "(async () => {\n\n})"
     assert normalize("a; b").source == "(async () => {\na;\nreturn (b);\n})"
-    assert normalize("async () => 1;").source == "(async () => 1)"
+    assert normalize("async () => 1;").body == "return (async () => 1)();"
+    assert normalize("a; b").standalone == "throw 0; (function () { async function main() {\na;\nreturn (b);\n} })"
 
 
 @pytest.mark.parametrize(

@@ -121,6 +121,7 @@ class GuestRun:
         try:
             self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars)
             self._arm()
+            self._parse_alone()
             main = self.context.eval(self.program.source)
             self._arm()
             self.api("start", main)
@@ -129,6 +130,18 @@ class GuestRun:
         except _Interrupted:
             return _NO_PROGRESS
         return self.step()
+
+    def _parse_alone(self) -> None:
+        """Raise QuickJS's SyntaxError unless the body parses as one function body (see ``normalize``).
+
+        The guest's text must never reach ``source`` where its braces could
+        close the wrapper; the standalone text throws before anything in it runs.
+        """
+        try:
+            self.context.eval(self.program.standalone)
+        except quickjs.JSException as exc:
+            if str(exc).split("\n", 1)[0] != "0":
+                raise
 
     def step(self) -> ipc.ToolCalls | ipc.Finished:
         """Run every runnable job, then report what the guest did."""

@@ -14,11 +14,21 @@ normalization (acorn-based in TypeScript), using a real JavaScript parser
 * top-level ``await`` works everywhere, because the body runs in an async function.
 
 Code that does not parse is wrapped unchanged, so the engine reports the syntax
-error with its own message. ``Program.source`` is the JavaScript source of an
-async function expression, which the worker evaluates and calls; the program
-remembers where each copied stretch of it came from, so that ``Program.locate``
-turns an engine position back into a line and column of the code as the host
-sent it.
+error with its own message. ``Program.body`` is the body of an async function;
+``Program.source`` wraps it in an async function expression, which the worker
+evaluates and calls. The program remembers where each copied stretch of the
+body came from, so that ``Program.locate`` turns an engine position back into a
+line and column of the code as the host sent it.
+
+Guest braces must not change the structure around the body: a body that closes
+the wrapper's block (``}), evil(), (async () => {``) would run at evaluation,
+outside the function, with its throws taken for the engine's. So the worker
+first evaluates ``Program.standalone``, the same body in a function declaration
+behind a ``throw`` that runs first (nothing in it ever runs). After a block that
+closes the arrow function of ``source``, QuickJS accepts only ``,`` or ``)``;
+after one that closes a declaration, a statement, which never starts with
+either. A body that escapes one wrapper is a syntax error in the other, so a
+body that passes both is one function body, as QuickJS itself parses it.
 """
 
 from __future__ import annotations
@@ -31,6 +41,11 @@ import tree_sitter
 import tree_sitter_javascript
 
 _FENCE = "```"
+# Both wrappers take the body from line 2, column 1, so positions in either locate alike.
+_OPEN = "(async () => {\n"
+_CLOSE = "\n})"
+_STANDALONE_OPEN = "throw 0; (function () { async function main() {\n"
+_STANDALONE_CLOSE = "\n} })"
 
 
 @lru_cache(maxsize=1)
@@ -63,27 +78,40 @@ def _fence_body(code: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Program:
-    """Normalized guest code: an async function expression, and the origin of its text.
+    """Normalized guest code: an async function body, and the origin of its text.
 
     ``pieces`` are the stretches copied from the host's code, as (offset in
-    ``source``, offset in the code, length), in order; the rest is wrapping.
+    ``body``, offset in the code, length), in order; the rest is ours.
     """
 
-    source: str
+    body: str
     code: str
     pieces: tuple[tuple[int, int, int], ...] = ()
 
+    @property
+    def source(self) -> str:
+        """An async function expression with the body, to evaluate and call."""
+        return _OPEN + self.body + _CLOSE
+
+    @property
+    def standalone(self) -> str:
+        """The body alone in a function declaration: it parses iff the body is one function body.
+
+        Evaluating it runs nothing: its first statement throws 0.
+        """
+        return _STANDALONE_OPEN + self.body + _STANDALONE_CLOSE
+
     def locate(self, line: int, column: int) -> tuple[int, int] | None:
-        """The host's (line, column) for QuickJS's position in ``source``, both from 1.
+        """The host's (line, column) for QuickJS's position in ``source`` or ``standalone``, both from 1.
 
         QuickJS counts columns in UTF-8 bytes; the answer counts characters.
         None when the position falls in the wrapping, not in the host's text.
         """
-        lines = self.source.split("\n")
-        if not 1 <= line <= len(lines):
+        lines = self.body.split("\n")
+        if not 2 <= line <= len(lines) + 1:
             return None
-        in_line = lines[line - 1].encode()[: max(column - 1, 0)].decode(errors="ignore")
-        offset = sum(len(text) + 1 for text in lines[: line - 1]) + len(in_line)
+        in_line = lines[line - 2].encode()[: max(column - 1, 0)].decode(errors="ignore")
+        offset = sum(len(text) + 1 for text in lines[: line - 2]) + len(in_line)
         index = bisect_right([piece[0] for piece in self.pieces], offset) - 1
         if index < 0:
             return None
@@ -96,7 +124,7 @@ class Program:
 
 
 class _Builder:
-    """Program text assembled from wrapping and stretches of the host's code."""
+    """A body assembled from our own text and stretches of the host's code."""
 
     def __init__(self, code: str) -> None:
         self.code = code
@@ -121,15 +149,14 @@ def normalize(code: str) -> Program:
     source = code[start:end]
     start += len(source) - len(source.lstrip())
     source = source.strip()
-    build = _Builder(code)
+    body = _Builder(code)
     if not source:
-        return build.add("(async () => {})").program()
+        return body.program()
     data = source.encode()
     root = _parser().parse(data).root_node
     statements = [node for node in root.named_children if node.type != "comment"]
-    body = build.add("(async () => {\n")
     if root.has_error or not statements:
-        return body.add(source, start).add("\n})").program()
+        return body.add(source, start).program()
 
     def at(byte: int) -> int:
         """Offset in ``code`` of a byte offset in ``data``."""
@@ -143,17 +170,17 @@ def normalize(code: str) -> Program:
         if last.type in {"function_declaration", "generator_function_declaration"}:
             name = last.child_by_field_name("name")
             if name is not None:
-                return body.add(source, start).add("\nreturn " + text(name) + "();\n})").program()
+                return body.add(source, start).add("\nreturn " + text(name) + "();").program()
         expression = _expression(last)
         if expression is not None and expression.type == "arrow_function" and _is_async(expression):
-            return _Builder(code).add("(").add(text(expression), at(expression.start_byte)).add(")").program()
+            return body.add("return (").add(text(expression), at(expression.start_byte)).add(")();").program()
     expression = _expression(last)
     if expression is None:
-        return body.add(source, start).add("\n})").program()
+        return body.add(source, start).program()
     prefix = data[: last.start_byte].decode().rstrip()
     if prefix:
         body.add(prefix, start).add("\n")
-    return body.add("return (").add(text(expression), at(expression.start_byte)).add(");\n})").program()
+    return body.add("return (").add(text(expression), at(expression.start_byte)).add(");").program()
 
 
 def _expression(statement: tree_sitter.Node) -> tree_sitter.Node | None:
