@@ -66,6 +66,11 @@ FORGERIES = {
         try { fill() } catch (e) { kept = e }
         await tools.echo(1);
         throw kept""",
+    "a 'string too long' kept past a tool call": """
+        let kept;
+        try { let s = 'x'; while (true) s += s } catch (e) { kept = e }
+        await tools.echo(1);
+        throw kept""",
     "null after a tool call that followed a real out-of-memory": """
         function fill() { const a = []; while (true) a.push(new Array(1000).fill(1)) }
         try { fill() } catch {}
@@ -117,3 +122,9 @@ def test_refusals_are_counted_per_runtime() -> None:
     assert isinstance(finished, ipc.Finished) and finished.code == "memory_limit"
     assert calm.start() == ipc.Finished(ok=True, result=b"1", code=None, message="", logs=[])
     assert (bomber.memory.refusals > 0, calm.memory.refusals) == (True, 0)
+
+
+def test_a_string_too_long_after_a_tool_call_is_a_runtime_error_with_its_position() -> None:
+    # Nothing dates it: once a tool result has resumed the guest, it may be a kept one.
+    finished = run("let s = 'x'\nawait tools.echo(1)\nwhile (true) s += s", memory=8 * MIB)
+    assert error(finished) == ("runtime_error", "string too long (line 3, column 19)")

@@ -37,7 +37,13 @@ _ESCAPED_OUT_OF_MEMORY: Final = frozenset({"InternalError: out of memory", "null
 
 
 def guest_failure(
-    message: str, engine_stack: str | None, program: Program, *, refused: bool | None, memory_limit: int
+    message: str,
+    engine_stack: str | None,
+    program: Program,
+    *,
+    refused: bool | None,
+    memory_limit: int,
+    resumed: bool,
 ) -> tuple[ErrorCode, str]:
     """A failure the guest did not catch.
 
@@ -45,10 +51,14 @@ def guest_failure(
     none), None for any other thrown value. ``refused`` says whether an
     allocation was refused while the failing code ran, None where refusals are
     not counted (then QuickJS's own out-of-memory error is the best evidence left).
+    ``resumed`` says whether a tool result has resumed the guest: nothing dates
+    a "string too long" (ropes reach it refusing nothing), so after that it may
+    be one the guest caught and kept, and is no evidence.
     """
     engine = engine_stack is not None
     exhausted = refused if refused is not None else engine and message == "out of memory"
-    if exhausted or (engine and message == "string too long" and memory_limit < LONGEST_STRING_BYTES):
+    too_long = engine and message == "string too long" and memory_limit < LONGEST_STRING_BYTES and not resumed
+    if exhausted or too_long:
         return "memory_limit", MEMORY_MESSAGE
     if engine_stack is None or message == STACK_OVERFLOW:
         return "runtime_error", message

@@ -108,6 +108,7 @@ class GuestRun:
         self.program = normalize(run.code)
         self.memory = native.MemoryLimit(self.context, run.memory_limit)
         self._refusals_before = 0  # refusals when the guest last resumed
+        self._resumed = False  # whether a tool result has resumed the guest
         self.waiting: set[int] = set()  # tool calls the guest awaits
         self.finished: ipc.Finished | None = None
         self.interrupt_requested = False
@@ -196,6 +197,7 @@ class GuestRun:
 
     def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
         self._refusals_before = self.memory.refusals  # the guest resumes: older refusals are not its failure's
+        self._resumed = True
         if message.call_id in self.waiting:
             self.waiting.discard(message.call_id)
             value = None if message.value is None else message.value.decode()
@@ -265,6 +267,7 @@ class GuestRun:
             self.program,
             refused=self._refused(),
             memory_limit=self.run.memory_limit,
+            resumed=self._resumed,
         )
         return self._finish(False, None, code, message, logs)
 
