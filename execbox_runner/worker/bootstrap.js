@@ -387,8 +387,6 @@
         return settle(a, b, c, d, e);
       case "abort":
         return abort();
-      case "fail":
-        return fail(a);
     }
   };
 })();
