@@ -1,60 +1,553 @@
-"""deploy/: the manifests are valid YAML and agree with each other and with the daemon."""
+"""deploy/: the manifests are valid against the Kubernetes schemas, pass the "restricted" Pod
+Security Standard, and agree with each other and with the daemon; the image's health check, the
+systemd unit and the shipped pod's confinement are checked for real where the host allows it."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+import trustme
 import yaml
+from kubernetes_validate import utils as kubernetes
 
+from execbox_runner.daemon import machine
 from execbox_runner.daemon.config import Settings
 
+from .daemonkit import client, run_to_done, running_daemon, stop
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+# The oldest Kubernetes release still supported upstream when this was written, and the newest
+# whose schemas kubernetes-validate ships (offline: the schemas are inside the package).
+KUBERNETES_VERSIONS = ("1.31", kubernetes.latest_version())
 
 
-def manifests() -> dict[str, dict[str, Any]]:
-    documents = [
-        doc
-        for path in sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+def documents(*patterns: str) -> list[tuple[Path, dict[str, Any]]]:
+    return [
+        (path, doc)
+        for pattern in patterns
+        for path in sorted((DEPLOY / "kubernetes").glob(pattern))
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     ]
-    return {doc["kind"]: doc for doc in documents}
 
 
-def test_every_manifest_is_valid_yaml_with_the_expected_kinds() -> None:
-    assert set(manifests()) == {"Deployment", "Service", "HorizontalPodAutoscaler"}
+def manifests() -> dict[str, dict[str, Any]]:
+    """What `kubectl apply -f deploy/kubernetes/` applies, by kind (extras/ is not applied)."""
+    return {doc["kind"]: doc for _, doc in documents("*.yaml")}
+
+
+def pod() -> dict[str, Any]:
+    spec: dict[str, Any] = manifests()["Deployment"]["spec"]["template"]["spec"]
+    return spec
+
+
+def container() -> dict[str, Any]:
+    found: dict[str, Any] = pod()["containers"][0]
+    return found
+
+
+def env() -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container()["env"]}
+
+
+def test_the_applied_set_has_every_kind() -> None:
+    assert set(manifests()) == {
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    }
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_is_valid_against_the_kubernetes_schemas(version: str) -> None:
+    checked = documents("*.yaml", "extras/*.yaml")
+    assert len(checked) == 6
+    for path, doc in checked:
+        # strict: an unknown or misspelt field is an error, as `kubectl apply --validate=strict` makes it
+        kubernetes.validate(doc, version, strict=True)
+        assert doc["metadata"]["labels"]["app"] == "execbox-runner", path
+
+
+def test_schema_validation_catches_what_yaml_parsing_does_not() -> None:
+    deployment = json.loads(json.dumps(manifests()["Deployment"]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalaton"] = False
+    with pytest.raises(kubernetes.ValidationError):
+        kubernetes.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+    deployment = json.loads(json.dumps(manifests()["Deployment"]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = ["4Gi"]
+    with pytest.raises(kubernetes.ValidationError):
+        kubernetes.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """The Pod Security Standards' baseline and restricted controls a pod spec breaks
+    (https://kubernetes.io/docs/concepts/security/pod-security-standards/, v1.31)."""
+    problems = [f"host namespace {key}" for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
+    pod_context = spec.get("securityContext", {})
+    problems += [
+        f"volume {v['name']} type" for v in spec.get("volumes", []) if not set(v) - {"name"} <= RESTRICTED_VOLUMES
+    ]
+    problems += [f"sysctl {s['name']}" for s in pod_context.get("sysctls", [])]
+    if pod_context.get("runAsUser") == 0:
+        problems.append("pod runAsUser 0")
+    for each in spec.get("initContainers", []) + spec["containers"]:
+        context = each.get("securityContext", {})
+        name = each["name"]
+        if context.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation must be false")
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            problems.append(f"{name}: capabilities must drop ALL")
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: capabilities added {capabilities['add']}")
+        if not context.get("runAsNonRoot", pod_context.get("runAsNonRoot")):
+            problems.append(f"{name}: runAsNonRoot must be true")
+        if context.get("runAsUser", pod_context.get("runAsUser")) == 0:
+            problems.append(f"{name}: runAsUser 0")
+        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {}))
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost")
+        if any(port.get("hostPort") for port in each.get("ports", [])):
+            problems.append(f"{name}: hostPort")
+        if context.get("procMount", "Default") != "Default":
+            problems.append(f"{name}: procMount")
+    return problems
+
+
+def test_the_deployment_passes_the_restricted_pod_security_standard() -> None:
+    assert restricted_violations(pod()) == []
+    # The checker is not vacuous: what the pod would need for a network namespace breaks it.
+    with_namespace = json.loads(json.dumps(pod()))
+    context = with_namespace["containers"][0]["securityContext"]
+    context.update(
+        runAsUser=0, runAsNonRoot=False, capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN", "SETUID", "SETGID"]}
+    )
+    assert restricted_violations(with_namespace) == [
+        "execbox-runner: capabilities added ['SYS_ADMIN', 'SETUID', 'SETGID']",
+        "execbox-runner: runAsNonRoot must be true",
+        "execbox-runner: runAsUser 0",
+    ]
+
+
+def test_the_container_is_hardened_beyond_the_standard() -> None:
+    spec, context = pod(), container()["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsUser"] != 0
+    mounts = {mount["mountPath"]: mount for mount in container()["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in spec["volumes"]}
+    # The only writable place: /tmp (prometheus' multiprocess directory, and --record-dir if set).
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    assert all(mount["readOnly"] for path, mount in mounts.items() if path != "/tmp")
+
+
+def test_the_network_policy_allows_only_the_websocket_port_in_and_nothing_out() -> None:
+    policy = manifests()["NetworkPolicy"]["spec"]
+    assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
+    assert policy["egress"] == []
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels().items()
+    (rule,) = policy["ingress"]
+    assert set(rule) == {"ports"}  # from anywhere, but to this port only
+    assert rule["ports"] == [{"port": Settings().port, "protocol": "TCP"}]
+
+
+def pod_labels() -> dict[str, str]:
+    labels: dict[str, str] = manifests()["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def quantity(text: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "": 1}
+    number, unit = re.fullmatch(r"(\d+)([A-Za-z]*)", text).groups()  # type: ignore[union-attr]
+    return int(number) * units[unit]
+
+
+def test_resources_agree_with_the_memory_budget_and_processes() -> None:
+    resources, settings = container()["resources"], env()
+    limit = quantity(resources["limits"]["memory"])
+    assert quantity(resources["requests"]["memory"]) == limit  # never squeezed below what the budget assumes
+    assert "EXECBOX_RUNNER_MEMORY_BUDGET_BYTES" not in settings  # the default: a share of the cgroup limit
+    budget = machine.default_memory_budget(limit)
+    processes = int(settings["EXECBOX_RUNNER_PROCESSES"])
+    assert processes == int(resources["limits"]["cpu"])
+    per_guest = int(settings["EXECBOX_RUNNER_MAX_MEMORY_LIMIT_BYTES"])
+    # Each daemon process gets a share of the budget: room for several guests at the cap each.
+    assert budget // processes >= 4 * per_guest
+    assert budget < limit  # the rest is headroom before the kernel's OOM killer
+    # The emptyDir counts against ephemeral storage: it fits in the limit.
+    tmp = next(v for v in pod()["volumes"] if v["name"] == "tmp")
+    assert quantity(tmp["emptyDir"]["sizeLimit"]) <= quantity(resources["limits"]["ephemeral-storage"])
 
 
 def test_probes_ports_and_drain_fit_the_daemon() -> None:
-    kinds = manifests()
-    pod = kinds["Deployment"]["spec"]["template"]["spec"]
-    container = pod["containers"][0]
-    port = container["ports"][0]
-    assert port["containerPort"] == Settings().port
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    env = {item["name"]: item["value"] for item in container["env"]}
-    drain = float(env["EXECBOX_RUNNER_DRAIN_GRACE"])
-    pause = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
-    assert pod["terminationGracePeriodSeconds"] > drain + pause  # SIGTERM comes after preStop
-    assert env["EXECBOX_RUNNER_PROFILE"] in ("standard", "hardened")
-    assert env["EXECBOX_RUNNER_TOKENS_FILE"].startswith(container["volumeMounts"][0]["mountPath"])
+    spec, each, settings = pod(), container(), env()
+    assert each["ports"][0]["containerPort"] == Settings().port
+    assert each["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert each["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    tls = "EXECBOX_RUNNER_CERTFILE" in settings
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert each[probe]["httpGet"]["scheme"] == ("HTTPS" if tls else "HTTP")
+    drain = float(settings["EXECBOX_RUNNER_DRAIN_GRACE"])
+    pause = int(each["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert spec["terminationGracePeriodSeconds"] > drain + pause  # SIGTERM comes after preStop
+    assert settings["EXECBOX_RUNNER_PROFILE"] in ("standard", "hardened")
+    mounts = [mount["mountPath"] for mount in each["volumeMounts"]]
+    for name in ("EXECBOX_RUNNER_TOKENS_FILE", "EXECBOX_RUNNER_CERTFILE", "EXECBOX_RUNNER_KEYFILE"):
+        assert any(settings[name].startswith(mount + "/") for mount in mounts), name
 
 
-def test_service_and_autoscaler_point_at_the_deployment() -> None:
+def test_service_autoscalers_and_budget_point_at_the_deployment() -> None:
     kinds = manifests()
-    labels = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    assert kinds["Service"]["spec"]["selector"].items() <= labels.items()
-    assert (
-        kinds["Service"]["spec"]["ports"][0]["targetPort"]
-        == kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"]
+    assert kinds["Service"]["spec"]["selector"].items() <= pod_labels().items()
+    assert kinds["Service"]["spec"]["ports"][0]["targetPort"] == container()["ports"][0]["name"]
+    assert kinds["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= pod_labels().items()
+    autoscalers = [kinds["HorizontalPodAutoscaler"], *(doc for _, doc in documents("extras/*.yaml"))]
+    for autoscaler in autoscalers:
+        target = autoscaler["spec"]["scaleTargetRef"]
+        assert (target["kind"], target["name"]) == ("Deployment", kinds["Deployment"]["metadata"]["name"])
+        # A PodDisruptionBudget of one unavailable pod leaves at least one serving.
+        assert autoscaler["spec"]["minReplicas"] >= 2
+    (sessions,) = [m for m in autoscalers[1]["spec"]["metrics"] if m["type"] == "Pods"]
+    assert sessions["pods"]["metric"]["name"] == "execbox_active_sessions"
+    assert int(sessions["pods"]["target"]["averageValue"]) < int(env()["EXECBOX_RUNNER_MAX_SESSIONS"])
+    for constraint in pod()["topologySpreadConstraints"]:
+        assert constraint["labelSelector"]["matchLabels"].items() <= pod_labels().items()
+
+
+def certificate(directory: Path) -> tuple[Path, Path, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 in ``directory``, and a client context that trusts it."""
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1", "localhost")
+    certfile, keyfile = directory / "tls.crt", directory / "tls.key"
+    issued.cert_chain_pems[0].write_to_path(str(certfile))
+    issued.private_key_pem.write_to_path(str(keyfile))
+    trusted = ssl.create_default_context()
+    authority.configure_trust(trusted)
+    return certfile, keyfile, trusted
+
+
+def test_the_manifest_settings_are_accepted_by_the_daemon(tmp_path: Path) -> None:
+    """`execbox-runner info` with the Deployment's environment (files made up): every value passes."""
+    settings = env()
+    (tmp_path / "tokens").write_text("a-token\n")
+    certfile, keyfile, _ = certificate(tmp_path)
+    settings.update(
+        EXECBOX_RUNNER_TOKENS_FILE=str(tmp_path / "tokens"),
+        EXECBOX_RUNNER_CERTFILE=str(certfile),
+        EXECBOX_RUNNER_KEYFILE=str(keyfile),
     )
-    target = kinds["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("Deployment", kinds["Deployment"]["metadata"]["name"])
+    done = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "info", "--json", "--host", "0.0.0.0"],
+        env={**os.environ, **settings},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["limits"]["max_sessions"] == int(settings["EXECBOX_RUNNER_MAX_SESSIONS"])
+    assert report["limits"]["max_memory_limit_bytes"] == int(settings["EXECBOX_RUNNER_MAX_MEMORY_LIMIT_BYTES"])
+    assert not {"no_authentication", "no_tls", "sandbox_off"} & set(report["unsafe_settings"])
 
 
-def test_the_dockerfile_runs_the_daemon_on_all_interfaces() -> None:
-    dockerfile = (DEPLOY / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["execbox-runner", "serve", "--host", "0.0.0.0"' in dockerfile
-    assert "pip install --no-cache-dir ." in dockerfile
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
+        for line in (raw.strip() for raw in text.splitlines())
+        if line and not line.startswith("#")
+    ]
+
+
+def test_the_dockerfile_is_multi_stage_pinned_non_root_and_health_checked() -> None:
+    instructions = dockerfile_instructions()
+    stages = [arguments for kind, arguments in instructions if kind == "FROM"]
+    assert len(stages) == 2 and stages[0].endswith(" AS build")
+    base = next(
+        arguments for kind, arguments in instructions if kind == "ARG" and arguments.startswith("PYTHON_IMAGE=")
+    )
+    assert re.fullmatch(r"PYTHON_IMAGE=python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base)
+    final = instructions[max(i for i, (kind, _) in enumerate(instructions) if kind == "FROM") :]
+    user = [arguments for kind, arguments in final if kind == "USER"]
+    assert user == ["65532:65532"]
+    assert user[0].split(":")[0] == str(pod()["securityContext"]["runAsUser"])
+    assert any(kind == "HEALTHCHECK" and "healthcheck.py" in arguments for kind, arguments in final)
+    (entrypoint,) = [json.loads(arguments) for kind, arguments in final if kind == "ENTRYPOINT"]
+    assert entrypoint[:4] == ["execbox-runner", "serve", "--host", "0.0.0.0"]
+    assert entrypoint[entrypoint.index("--port") + 1] == str(Settings().port)
+    assert not any("tini" in arguments or "dumb-init" in arguments for _, arguments in instructions)
+
+
+def test_the_dockerfile_copies_everything_the_wheel_is_built_from() -> None:
+    """pyproject.toml's wheel needs LICENSE, the conformance kit and the transcripts."""
+    copied = {
+        source
+        for kind, arguments in dockerfile_instructions()
+        if kind == "COPY" and not arguments.startswith("--from")
+        for source in arguments.split()[:-1]
+    }
+    pyproject = (DEPLOY.parent / "pyproject.toml").read_text()
+    needed = {"pyproject.toml", "README.md", "execbox_runner", "conformance", "transcripts"}
+    needed |= set(re.findall(r'license-files = \["(\w+)"\]', pyproject))
+    assert needed <= copied
+
+
+def healthcheck(env: dict[str, str]) -> int:
+    return subprocess.run(
+        [sys.executable, str(DEPLOY / "healthcheck.py")], env={**os.environ, **env}, timeout=30, capture_output=True
+    ).returncode
+
+
+def test_the_image_health_check_over_http_and_https(tmp_path: Path) -> None:
+    with running_daemon() as daemon:
+        port = daemon.url.rsplit(":", 1)[1].strip("/")
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
+    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
+    certfile, keyfile, _ = certificate(tmp_path)
+    with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as daemon:
+        port = daemon.url.rsplit(":", 1)[1].strip("/")
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port, "EXECBOX_RUNNER_CERTFILE": str(certfile)}) == 0
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # plain HTTP to a TLS port
+
+
+def unit() -> dict[str, list[str]]:
+    values: dict[str, list[str]] = {}
+    for line in (DEPLOY / "systemd" / "execbox-runner.service").read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            values.setdefault(key, []).append(value)
+    return values
+
+
+def test_the_systemd_unit_is_hardened_but_lets_workers_confine_themselves() -> None:
+    values = unit()
+    for key, value in {
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "PrivateTmp": "yes",
+        "PrivateDevices": "yes",
+        "ProtectHome": "yes",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectControlGroups": "yes",
+        "RestrictSUIDSGID": "yes",
+        "LockPersonality": "yes",
+        "KillMode": "mixed",  # SIGTERM to the daemon only, which drains and stops its workers
+        "RestartPreventExitStatus": "2",
+    }.items():
+        assert values[key] == [value], key
+    # What the workers' own confinement needs, and nothing more:
+    assert values["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN CAP_SETUID CAP_SETGID"]  # netns, drop to nobody
+    assert values["RestrictNamespaces"] == ["net"]  # the workers' empty network namespace
+    assert set(values["RestrictAddressFamilies"][0].split()) == {"AF_INET", "AF_INET6", "AF_UNIX"}
+    assert values["SystemCallFilter"] == ["@system-service seccomp"]  # each worker installs its own filter
+    assert "MemoryDenyWriteExecute" not in values  # see the unit: ctypes callbacks need a W+X page
+    assert values["User"] == ["root"]
+    drain = Settings().drain_grace
+    assert int(values["TimeoutStopSec"][0]) > drain
+
+
+def test_the_units_example_config_is_accepted_by_the_daemon(tmp_path: Path) -> None:
+    """deploy/systemd/runner.toml, its files made up: every value passes, and the budget is 80% of MemoryMax."""
+    (tmp_path / "tokens").write_text("a-token\n")
+    certfile, keyfile, _ = certificate(tmp_path)
+    text = (DEPLOY / "systemd" / "runner.toml").read_text()
+    for name, path in {"tokens": tmp_path / "tokens", "cert.pem": certfile, "key.pem": keyfile}.items():
+        text = text.replace(f"/etc/execbox-runner/{name}", str(path))
+    config = tmp_path / "runner.toml"
+    config.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "info", "--json", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["unsafe_settings"] in ([], ["no_network_namespace"])  # the latter when not root
+    memory_max = quantity(unit()["MemoryMax"][0] + "i")
+    assert report["memory_budget_bytes"] == machine.default_memory_budget(memory_max)
+
+
+def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    text = (DEPLOY / "systemd" / "execbox-runner.service").read_text()
+    # verify wants ExecStart's program to exist: point it at this environment's.
+    program = Path(sys.executable).parent / "execbox-runner"
+    path = tmp_path / "execbox-runner.service"
+    path.write_text(text.replace("/opt/execbox-runner/bin/execbox-runner", str(program)))
+    done = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True, timeout=60)
+    # verify exits 0 even for unknown keys and bad values: any output is a finding.
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+    path.write_text(text + "ProtectSystm=strict\n")
+    done = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert "Unknown key" in done.stderr  # the check is not vacuous
+
+
+# The shipped pod, emulated with the kernel's own tools: a new PID namespace (the daemon is PID 1,
+# no init), a private mount namespace whose root and /work are read-only with a tmpfs on /tmp (the
+# emptyDir), and the daemon started as uid 65532 with no capabilities and no_new_privs (what
+# runAsUser, drop ALL and allowPrivilegeEscalation: false give). Root only; nothing outside changes.
+EMULATED_POD = r"""
+set -e
+mount --make-rprivate /
+mount -t tmpfs -o mode=0755 tmpfs /run  # staging places for the binds below, in this namespace only
+mkdir -p /run/execbox-pod-config && mount --bind "$CONFIG" /run/execbox-pod-config
+mkdir -p /run/execbox-pod-keep
+for keep in $KEEP; do  # this checkout and its interpreter, when they live in /tmp themselves
+    mkdir -p "/run/execbox-pod-keep$keep" && mount --bind "$keep" "/run/execbox-pod-keep$keep"
+done
+interpreter=$(dirname "$(dirname "$(readlink -f "$PYTHON")")")
+case "$interpreter" in /root/*)  # the runner's interpreter may sit under /root (0700): expose it alone
+    mkdir -p /run/execbox-pod-python && mount --bind "$interpreter" /run/execbox-pod-python
+    mount -t tmpfs -o mode=0755 tmpfs /root && mkdir -p "$interpreter"
+    mount --bind /run/execbox-pod-python "$interpreter";;
+esac
+mount --bind / / && mount -o remount,bind,ro /
+for writable in $(findmnt -rn -o TARGET | grep -v '^/$' | grep -v '^/proc' | grep -v '^/dev' | grep -v '^/sys'); do
+    mount -o remount,bind,ro "$writable" 2>/dev/null || true
+done
+mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp
+for keep in $KEEP; do
+    mkdir -p "$keep" && mount --bind "/run/execbox-pod-keep$keep" "$keep"
+done
+mount -t proc proc /proc
+exec setpriv --reuid 65532 --regid 65532 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \
+    env HOME=/nonexistent "$PYTHON" -m execbox_runner serve "$@"
+"""
+
+
+def emulation_possible() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (to make the namespaces and drop to the pod's user)"
+    for tool in ("unshare", "setpriv", "findmnt"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    probe = subprocess.run(["unshare", "-m", "-p", "-f", "true"], capture_output=True, timeout=30)
+    return None if probe.returncode == 0 else "mount and PID namespaces are not allowed here"
+
+
+def get(url: str, context: ssl.SSLContext) -> dict[str, Any]:
+    with urllib.request.urlopen(url, context=context, timeout=10) as answer:
+        loaded: dict[str, Any] = json.loads(answer.read())
+        return loaded
+
+
+def test_the_shipped_pod_runs_non_root_read_only_as_pid_1(tmp_path: Path) -> None:
+    """What the restricted pod leaves of the confinement, and that the daemon works in it."""
+    reason = emulation_possible()
+    if reason:
+        pytest.skip(reason)
+    config = tmp_path / "config"
+    config.mkdir(mode=0o755)
+    (config / "tokens").write_text("pod-token\n")
+    _, _, trusted = certificate(config)
+    for path in config.iterdir():
+        path.chmod(0o444)
+    repository = DEPLOY.parent
+    kept = [path for path in (repository, Path(sys.prefix)) if path.is_relative_to("/tmp")]
+    kept = [path for path in kept if not any(path != other and path.is_relative_to(other) for other in kept)]
+    settings = {**env(), "CONFIG": str(config), "PYTHON": sys.executable, "KEEP": " ".join(map(str, kept))}
+    settings.update(
+        EXECBOX_RUNNER_TOKENS_FILE="/run/execbox-pod-config/tokens",
+        EXECBOX_RUNNER_CERTFILE="/run/execbox-pod-config/tls.crt",
+        EXECBOX_RUNNER_KEYFILE="/run/execbox-pod-config/tls.key",
+        EXECBOX_RUNNER_DRAIN_GRACE="5",
+    )
+    process = subprocess.Popen(
+        [
+            "unshare",
+            "-m",
+            "-p",
+            "-f",
+            "--kill-child",
+            "sh",
+            "-c",
+            EMULATED_POD,
+            "pod",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ],
+        env={**os.environ, **settings},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # bounded: the daemon exits if it cannot start
+        found = re.search(r"listening on (wss://\S+)", line)
+        if not found:
+            stop(process)
+            assert process.stderr is not None
+            pytest.fail(f"the emulated pod did not start: {line!r}\n{process.stderr.read()[-3000:]}")
+        assert found
+        url = found.group(1)
+        https = url.replace("wss://", "https://").rstrip("/")
+        deadline = time.monotonic() + 30
+        while get(https + "/readyz", trusted).get("status") != "ready" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        health = get(https + "/healthz", trusted)
+        protections = {name: value["enforced"] for name, value in health["protections"].items()}
+        # The kernel boundary that remains: seccomp, no_new_privs, rlimits, closed descriptors.
+        assert protections == {
+            "seccomp": True,
+            "no_new_privs": True,
+            "network_namespace": False,  # needs CAP_SYS_ADMIN: the one thing the restricted pod costs
+            "drop_privileges": False,  # nothing to drop: the daemon is not root
+            "rlimits": True,
+            "close_inherited_fds": True,
+        }
+        assert health["unsafe_settings"] == ["no_network_namespace"]
+        with client(url, ssl=trusted, additional_headers={"Authorization": "Bearer pod-token"}) as ws:
+            assert run_to_done(ws, "pod", "await tools.echo(6 * 7)")["result"] == 42
+        daemon = int(subprocess.check_output(["pgrep", "-P", str(process.pid)], text=True).split()[0])
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{daemon}/status").read_text().splitlines())
+        assert status["NSpid"].split()[-1] == "1"  # PID 1 of its namespace, as in a container
+        assert status["Uid"].split() == ["65532"] * 4
+        assert (int(status["CapEff"], 16), int(status["CapBnd"], 16), status["NoNewPrivs"]) == (0, 0, "1")
+        # Its root filesystem is read-only, /tmp (the emptyDir) is not: seen through its own root.
+        root = Path(f"/proc/{daemon}/root")
+        for place in ("", "work", "etc"):
+            with pytest.raises(OSError, match="Read-only file system"):
+                (root / place / "execbox-pod-write-probe").touch()
+        (root / "tmp" / "execbox-pod-write-probe").touch()
+        # PID 1 with no init: SIGTERM (as `docker stop` or the kubelet sends it) drains and exits 0.
+        os.kill(daemon, signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        stop(process)
