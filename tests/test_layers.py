@@ -70,6 +70,8 @@ def imported_names(source: str, package: str) -> set[str]:
         ("protocol", "execbox_runner.worker"),
         ("client", "execbox_runner.daemon"),  # the client talks to a daemon over the wire only
         ("client", "execbox_runner.worker"),
+        ("mcp", "execbox_runner.daemon"),  # code mode is built on the client only
+        ("mcp", "execbox_runner.worker"),
     ],
 )
 def test_layer_never_imports(layer: str, forbidden: str) -> None:

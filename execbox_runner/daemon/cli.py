@@ -21,6 +21,7 @@ from execbox_runner_conformance.harness import run_transcript, summary
 
 from .. import __version__
 from ..client.cli import add_exec_parser, run_exec
+from ..mcp.cli import add_mcp_parser, run_mcp
 from . import config, logs, supervisor
 from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report
 
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     info_parser.add_argument("--json", action="store_true", help="machine-readable output")
     config.add_arguments(info_parser)
     add_exec_parser(commands)
+    add_mcp_parser(commands)
     return parser
 
 
@@ -134,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "exec":
         return run_exec(args)
+    if args.command == "mcp":
+        return run_mcp(args)
     if args.command == "replay":
         return _replay(args.files, args.url, args.timeout)
     try:

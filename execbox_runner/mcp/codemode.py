@@ -1,0 +1,131 @@
+"""Code mode over wrapped MCP servers: find tools by query, run one program that calls many.
+
+A model calls ``search_tools`` to read the TypeScript declarations of the tools
+it needs, then ``execute_code`` once with JavaScript that awaits them as
+``namespace.tool(input)``; only the program's result (and logs) come back.
+Every execution is bounded: time and memory by the runner, the number of tool
+calls and the size of what is returned here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import mcp_types
+
+from ..client import Providers, Runner, RunnerError, Tool, ToolError, safe_name
+from ..client.typescript import declare_function, declare_namespace
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The limits of one ``execute_code`` call."""
+
+    timeout_ms: float = 10_000
+    memory_limit_bytes: int = 64 * 1024 * 1024
+    max_tool_calls: int = 100
+    max_result_chars: int = 20_000
+    max_log_lines: int = 100
+
+
+DEFAULT_BOUNDS: Final = Bounds()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One tool as search finds it: its guest name and declaration."""
+
+    namespace: str
+    safe: str
+    declaration: str
+    text: str  # what a query is matched against, lower-cased
+
+
+class CodeMode:
+    """``search_tools`` and ``execute_code`` over provider namespaces, run on ``runner``.
+
+    ``namespaces`` maps a server name (sanitized into a guest global) to its
+    tools, for example ``{"github": await mcp_tools(session)}``.
+    """
+
+    def __init__(self, runner: Runner, namespaces: Mapping[str, Mapping[str, Tool]], bounds: Bounds = DEFAULT_BOUNDS):
+        self._runner = runner
+        self._bounds = bounds
+        self._namespaces = {safe_name(name): dict(tools) for name, tools in namespaces.items()}
+        self._catalog: list[_Entry] = []
+        for manifest in Providers(self._namespaces).manifests:  # the safe names exactly as the guest gets them
+            tools = self._namespaces[manifest.name].items()
+            for safe, (name, tool) in zip(manifest.tools, tools, strict=True):  # the manifest keeps their order
+                declaration = declare_function(safe, tool.description, tool.input_schema, tool.output_schema)
+                text = f"{manifest.name}.{safe} {name} {tool.description or ''}".lower()
+                self._catalog.append(_Entry(manifest.name, safe, declaration, text))
+
+    @property
+    def namespaces(self) -> list[str]:
+        return list(self._namespaces)
+
+    def search_tools(self, query: str = "", limit: int = 10) -> str:
+        """TypeScript declarations of the tools that best match ``query`` (every word counts; empty: all)."""
+        words = query.lower().split()
+        scored = [(sum(word in entry.text for word in words), index) for index, entry in enumerate(self._catalog)]
+        ranked = sorted((item for item in scored if item[0] or not words), key=lambda item: (-item[0], item[1]))
+        found = [self._catalog[index] for _, index in ranked[: max(limit, 1)]]
+        by_namespace: dict[str, list[str]] = {}
+        for entry in found:
+            by_namespace.setdefault(entry.namespace, []).append(entry.declaration)
+        header = (
+            f"// {len(found)} of {len(self._catalog)} tools; call them in execute_code as `await namespace.tool(input)`"
+        )
+        body = "\n\n".join(declare_namespace(name, members) for name, members in by_namespace.items())
+        return _truncate(f"{header}\n{body}", self._bounds.max_result_chars)
+
+    async def execute_code(self, code: str) -> mcp_types.CallToolResult:
+        """Run ``code`` against the tools; the result's JSON holds ``ok``, ``result``, ``error`` and ``logs``."""
+        bounds = self._bounds
+        try:
+            result = await self._runner.execute(
+                code,
+                Providers(_counted(self._namespaces, bounds.max_tool_calls)),
+                timeout_ms=bounds.timeout_ms,
+                memory_limit_bytes=bounds.memory_limit_bytes,
+                max_log_lines=bounds.max_log_lines,
+                max_log_chars=bounds.max_result_chars,
+            )
+        except RunnerError as exc:
+            body: dict[str, Any] = {"ok": False, "error": {"code": "runner_unavailable", "message": str(exc)}}
+        else:
+            error = None if result.error is None else {"code": result.error.code, "message": result.error.message}
+            body = {"ok": result.ok, "result": result.result, "error": error, "logs": result.logs}
+        text = json.dumps(body, ensure_ascii=False)
+        shown = _truncate(text, bounds.max_result_chars)
+        content: list[mcp_types.ContentBlock] = [mcp_types.TextContent(type="text", text=shown)]
+        return mcp_types.CallToolResult(
+            content=content, structured_content=body if shown == text else None, is_error=not body["ok"]
+        )
+
+
+def _counted(namespaces: Mapping[str, Mapping[str, Tool]], limit: int) -> dict[str, dict[str, Tool]]:
+    """The tools of one execution, sharing a budget of ``limit`` calls; calls beyond it are ``tool_error``."""
+    calls = 0
+
+    def counted(tool: Tool) -> Tool:
+        async def call(arguments: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls > limit:
+                raise ToolError("tool_error", f"Tool call limit reached ({limit} per execution)")
+            return await tool.func(arguments)
+
+        return dataclasses.replace(tool, func=call)
+
+    return {name: {tool_name: counted(tool) for tool_name, tool in tools.items()} for name, tools in namespaces.items()}
+
+
+def _truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n... [truncated: {len(text) - limit} of {len(text)} characters left out]"

@@ -1,0 +1,44 @@
+"""The wrapped servers, in the JSON shape MCP clients already use for their server lists.
+
+    {"mcpServers": {"files": {"command": "npx", "args": ["-y", "server-files", "."], "env": {}},
+                    "search": {"url": "https://search.example/mcp", "headers": {"Authorization": "Bearer ..."}}}}
+
+A ``command`` is started over stdio, a ``url`` is reached over streamable
+HTTP. Each name becomes a guest namespace (sanitized like tool names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+
+class UpstreamServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One wrapped MCP server: a ``command`` to run (stdio) or a ``url`` (streamable HTTP)."""
+
+    command: str | None = None
+    args: list[str] = msgspec.field(default_factory=list)
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+    type: str | None = None  # "stdio" or "http", as some clients write it; implied by command/url here
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either `command` (stdio) or `url` (streamable HTTP)")
+
+
+class ServersConfig(msgspec.Struct, frozen=True):
+    mcpServers: dict[str, UpstreamServer]  # the key MCP clients use
+
+
+def load_servers(path: str | Path) -> dict[str, UpstreamServer]:
+    """The servers of a config file; a bad file raises ``ValueError`` naming what is wrong."""
+    try:
+        return msgspec.json.decode(Path(path).read_bytes(), type=ServersConfig).mcpServers
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except msgspec.DecodeError as exc:  # includes ValidationError and the checks above
+        raise ValueError(f"invalid server list {path}: {exc}") from None

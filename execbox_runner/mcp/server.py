@@ -1,0 +1,79 @@
+"""The code-mode MCP server: ``search_tools`` and ``execute_code`` over wrapped MCP servers.
+
+An MCP client sees two tools instead of every wrapped server's dozens; guest
+code runs on an execbox runner (a private local one, or a remote one), never
+in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Literal
+
+import mcp_types
+from mcp.server import MCPServer
+from pydantic import Field
+
+from ..client import Runner
+from .codemode import DEFAULT_BOUNDS, Bounds, CodeMode
+from .config import UpstreamServer
+from .provider import mcp_tools
+from .upstream import connect_upstreams
+
+CALL_GRACE_S = 1.0  # an upstream call outlives its execution's timeout by at most this before it is abandoned
+
+
+def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode") -> MCPServer:
+    """An ``MCPServer`` whose two tools are ``code_mode``'s."""
+    namespaces = ", ".join(code_mode.namespaces) or "none"
+    server: MCPServer = MCPServer(name, instructions=f"Code mode over MCP servers; namespaces: {namespaces}.")
+
+    async def execute_code(
+        code: Annotated[str, Field(description="JavaScript; the value of the last expression is the result")],
+    ) -> mcp_types.CallToolResult:
+        return await code_mode.execute_code(code)
+
+    def search_tools(
+        query: Annotated[str, Field(description="words to look for in tool names and descriptions; empty for all")],
+        limit: Annotated[int, Field(description="how many tools at most", ge=1, le=200)] = 10,
+    ) -> str:
+        return code_mode.search_tools(query, limit)
+
+    server.add_tool(
+        search_tools,
+        description=(
+            "Find tools of the wrapped MCP servers by words and return their TypeScript declarations; "
+            f"namespaces: {namespaces}."
+        ),
+        structured_output=False,
+    )
+    server.add_tool(
+        execute_code,
+        description=(
+            "Run JavaScript in a sandbox where each wrapped MCP server is a global namespace of async functions "
+            "(`await ns.tool({...})`; find them with search_tools). Top-level await works; the last expression is "
+            "the result. Returns JSON {ok, result, error: {code, message}, logs}."
+        ),
+    )
+    return server
+
+
+async def serve(
+    servers: Mapping[str, UpstreamServer],
+    runner: Runner,
+    bounds: Bounds = DEFAULT_BOUNDS,
+    *,
+    transport: Literal["stdio", "http"] = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    startup_timeout: float = 30.0,
+) -> None:
+    """Connect to ``servers``, start ``runner`` (enter it here) and serve code mode until stopped."""
+    async with runner, connect_upstreams(servers, startup_timeout=startup_timeout) as sessions:
+        call_timeout = bounds.timeout_ms / 1000 + CALL_GRACE_S
+        namespaces = {name: await mcp_tools(session, call_timeout=call_timeout) for name, session in sessions.items()}
+        server = code_mode_server(CodeMode(runner, namespaces, bounds))
+        if transport == "stdio":
+            await server.run_stdio_async()
+        else:
+            await server.run_streamable_http_async(host=host, port=port)

@@ -1,0 +1,296 @@
+"""Code mode for MCP, over real processes: an MCP server written here with the SDK, wrapped as a
+provider, and ``execbox-runner mcp`` driven by the SDK's own client over stdio and streamable HTTP.
+
+Everything listens on 127.0.0.1 and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+import mcp_types
+from mcp import Client, StdioServerParameters
+
+from execbox_runner.client import Providers, Runner
+from execbox_runner.mcp.codemode import Bounds, CodeMode
+from execbox_runner.mcp.provider import mcp_tools
+
+from .daemonkit import Daemon, running_daemon
+
+UPSTREAM = '''
+import time
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("upstream")
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+@server.tool(name="slow-echo")
+def slow_echo(text: str, seconds: float = 0.0) -> str:
+    """Echo text after sleeping (a hung tool with a large `seconds`)."""
+    time.sleep(seconds)
+    return text
+
+@server.tool()
+def explode(reason: str) -> str:
+    """Always fails."""
+    raise ToolError(f"exploded: {reason}")  # the message an MCP client sees
+
+server.run()
+'''
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> StdioServerParameters:
+    script = tmp_path_factory.mktemp("mcp") / "upstream.py"
+    script.write_text(UPSTREAM)
+    return StdioServerParameters(command=sys.executable, args=[str(script)])
+
+
+@pytest.fixture(scope="module")
+def servers_json(tmp_path_factory: pytest.TempPathFactory, upstream: StdioServerParameters) -> Path:
+    config = tmp_path_factory.mktemp("mcp") / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"demo-server": {"command": upstream.command, "args": upstream.args}}}))
+    return config
+
+
+def run(main: Any) -> Any:
+    async def bounded() -> Any:
+        with anyio.fail_after(60):  # no test waits unbounded on a child process
+            return await main()
+
+    return anyio.run(bounded)
+
+
+EXPLODED = "Error executing tool explode: exploded: on purpose"  # the server's message, as MCPServer words it
+THREE_TOOLS = """
+const sum = await upstream.add({a: 2, b: 40});
+const echoed = await upstream.slow_echo({text: "hi"});
+let caught;
+try { await upstream.explode({reason: "on purpose"}); } catch (e) { caught = e.message; }
+console.log("done");
+({sum, echoed, caught})
+"""
+
+
+def test_an_mcp_server_is_a_provider(daemon: Daemon, upstream: StdioServerParameters) -> None:
+    async def main() -> tuple[Any, str]:
+        async with Client(upstream) as client:
+            providers = Providers({"upstream": await mcp_tools(client.session)})
+            result = await Runner.connect(daemon.url).execute(THREE_TOOLS, providers)
+            wrong = await Runner.connect(daemon.url).execute("await upstream.add({a: 'x'})", providers)
+            assert wrong.error is not None and wrong.error.code == "validation_error"  # checked before the call
+            return result, providers.types
+
+    result, types = run(main)
+    assert result.ok, result.error
+    assert result.result == {"sum": {"result": 42}, "echoed": {"result": "hi"}, "caught": EXPLODED}
+    assert result.logs == ["done"]
+    assert "function add(input: {\n    a: number;\n    b: number;\n  }): Promise<{\n    result: number;\n  }>;" in types
+    assert "function slow_echo(input:" in types and "Add two numbers." in types
+
+
+def test_a_hung_upstream_tool_is_the_executions_timeout(daemon: Daemon, upstream: StdioServerParameters) -> None:
+    async def main() -> tuple[Any, Any, float]:
+        async with Client(upstream) as client:
+            code_mode = CodeMode(Runner.connect(daemon.url), {"up": await mcp_tools(client.session)}, Bounds(1000))
+            started = time.monotonic()
+            hung = await code_mode.execute_code("await up.slow_echo({text: 'x', seconds: 3600})")
+            elapsed = time.monotonic() - started
+            after = await code_mode.execute_code("await up.add({a: 1, b: 1})")
+            return hung, after, elapsed
+
+    hung, after, elapsed = run(main)
+    assert hung.is_error and hung.structured_content["error"]["code"] == "timeout"
+    assert elapsed < 5
+    assert after.structured_content == {"ok": True, "result": {"result": 2}, "error": None, "logs": []}
+
+
+CRASHING = """
+import os
+from mcp.server import MCPServer
+
+server = MCPServer("crashing")
+
+@server.tool()
+def ping() -> str:
+    return "pong"
+
+@server.tool()
+def crash() -> str:
+    os._exit(1)
+
+server.run()
+"""
+
+
+def test_a_crashed_upstream_is_a_tool_error(daemon: Daemon, tmp_path: Path) -> None:
+    script = tmp_path / "crashing.py"
+    script.write_text(CRASHING)
+
+    async def main() -> list[Any]:
+        async with Client(StdioServerParameters(command=sys.executable, args=[str(script)])) as client:
+            code_mode = CodeMode(Runner.connect(daemon.url), {"c": await mcp_tools(client.session, call_timeout=5)})
+            codes = ["await c.ping()", "await c.crash()", "await c.ping().catch(() => 'caught')"]
+            return [(await code_mode.execute_code(code)).structured_content for code in codes]
+
+    pinged, crashed, after = run(main)
+    assert pinged["result"] == {"result": "pong"}  # no input: the tool takes none
+    assert crashed["error"]["code"] == "tool_error" and after["result"] == "caught"
+
+
+def test_bounds_on_tool_calls_and_result_size(daemon: Daemon, upstream: StdioServerParameters) -> None:
+    async def main() -> tuple[Any, Any, str]:
+        async with Client(upstream) as client:
+            tools = {"up": await mcp_tools(client.session)}
+            code_mode = CodeMode(Runner.connect(daemon.url), tools, Bounds(max_tool_calls=2, max_result_chars=300))
+            calls = await code_mode.execute_code("for (let i = 0; i < 3; i++) await up.add({a: i, b: i})")
+            big = await code_mode.execute_code("'x'.repeat(10000)")
+            return calls, big, code_mode.search_tools("echo")
+
+    calls, big, found = run(main)
+    assert calls.structured_content["error"] == {
+        "code": "tool_error",
+        "message": "Tool call limit reached (2 per execution)",
+    }
+    assert big.structured_content is None and not big.is_error
+    assert len(big.content[0].text) < 400 and big.content[0].text.endswith("characters left out]")
+    assert "function slow_echo(" in found and "function add(" not in found
+
+
+WALKTHROUGH = """
+for (const [title, text] of [["monday", "buy milk"], ["tuesday", "call Ada"]]) {
+  await notes.add_note({title, text});
+}
+const titles = (await notes.list_notes()).result;
+console.log(`${titles.length} notes`);
+const missing = await notes.read_note({title: "friday"}).catch((e) => e.message);
+({titles, missing})
+"""
+
+
+def test_the_readme_walkthrough(daemon: Daemon) -> None:
+    """README, "Code mode for MCP": the notes example gives what the walkthrough shows."""
+    notes = Path(__file__).resolve().parent.parent / "examples" / "mcp_notes_server.py"
+
+    async def main() -> tuple[str, Any]:
+        async with Client(StdioServerParameters(command=sys.executable, args=[str(notes)])) as client:
+            code_mode = CodeMode(Runner.connect(daemon.url), {"notes": await mcp_tools(client.session)})
+            return code_mode.search_tools("note"), await code_mode.execute_code(WALKTHROUGH)
+
+    found, executed = run(main)
+    assert found.startswith("// 3 of 3 tools;") and "function add_note(input: {" in found
+    assert executed.content[0].text == (
+        '{"ok": true, "result": {"titles": ["monday", "tuesday"], "missing": "Error executing tool read-note: '
+        'no note titled \'friday\'"}, "error": null, "logs": ["2 notes"]}'
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def code_mode_session(client: Client) -> list[mcp_types.CallToolResult]:
+    """What an MCP client does with code mode: list the two tools, search, run code."""
+    listed = await client.list_tools()
+    assert sorted(tool.name for tool in listed.tools) == ["execute_code", "search_tools"]
+    found = await client.call_tool("search_tools", {"query": "add numbers"})
+    executed = await client.call_tool("execute_code", {"code": THREE_TOOLS.replace("upstream.", "demo_server.")})
+    failed = await client.call_tool("execute_code", {"code": "throw new Error('no')"})
+    return [found, executed, failed]
+
+
+def check_code_mode(results: list[mcp_types.CallToolResult]) -> None:
+    found, executed, failed = results
+    assert "declare namespace demo_server" in found.content[0].text and "function add(" in found.content[0].text
+    body = json.loads(executed.content[0].text)
+    assert body["ok"] and body["result"]["caught"] == EXPLODED and body["logs"] == ["done"]
+    assert body["result"]["sum"] == {"result": 42}
+    assert failed.is_error and json.loads(failed.content[0].text)["error"]["code"] == "runtime_error"
+
+
+def command(servers_json: Path, daemon: Daemon, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(servers_json), "--url", daemon.url, *extra]
+
+
+def test_code_mode_over_stdio(daemon: Daemon, servers_json: Path) -> None:
+    argv = command(servers_json, daemon)
+    server = StdioServerParameters(command=argv[0], args=argv[1:])
+
+    async def main() -> list[mcp_types.CallToolResult]:
+        async with Client(server) as client:
+            return await code_mode_session(client)
+
+    check_code_mode(run(main))
+
+
+def test_code_mode_over_streamable_http(daemon: Daemon, servers_json: Path, tmp_path: Path) -> None:
+    port = free_port()
+    with (tmp_path / "stderr").open("w+") as stderr:
+        process = subprocess.Popen(
+            command(servers_json, daemon, "--transport", "http", "--port", str(port)),
+            stdin=subprocess.DEVNULL,
+            stdout=stderr,
+            stderr=stderr,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                assert process.poll() is None, stderr.seek(0) or stderr.read()
+                assert time.monotonic() < deadline, "execbox-runner mcp did not listen in 30 s"
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+            async def main() -> list[mcp_types.CallToolResult]:
+                async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                    return await code_mode_session(client)
+
+            check_code_mode(run(main))
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"x": {"command": "a", "url": "http://b"}}}))
+    done = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ},
+    )
+    assert done.returncode == 2
+    assert "give either `command` (stdio) or `url` (streamable HTTP)" in done.stderr
