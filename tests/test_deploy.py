@@ -473,8 +473,11 @@ def emulation_possible() -> str | None:
     for tool in ("unshare", "setpriv", "findmnt"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
-    probe = subprocess.run(["unshare", "-m", "-p", "-f", "true"], capture_output=True, timeout=30)
-    return None if probe.returncode == 0 else "mount and PID namespaces are not allowed here"
+    trial = (
+        "mount --make-rprivate / && mount -t tmpfs tmpfs /run && mount -t proc proc /proc && setpriv --reuid 65532 true"
+    )
+    probe = subprocess.run(["unshare", "-m", "-p", "-f", "sh", "-c", trial], capture_output=True, timeout=30)
+    return None if probe.returncode == 0 else f"mount and PID namespaces are not allowed here: {probe.stderr[-200:]!r}"
 
 
 def get(url: str, context: ssl.SSLContext) -> dict[str, Any]:
