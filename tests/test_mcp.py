@@ -6,11 +6,12 @@ Everything listens on 127.0.0.1 and every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +26,14 @@ from mcp import Client, StdioServerParameters
 
 from execbox_runner.client import Providers, Runner
 from execbox_runner.mcp.codemode import Bounds, CodeMode
+from execbox_runner.mcp.config import UpstreamServer
 from execbox_runner.mcp.provider import mcp_tools
+from execbox_runner.mcp.upstream import connect_upstreams
 
 from .daemonkit import Daemon, running_daemon
 
 UPSTREAM = '''
+import sys
 import time
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -52,7 +56,10 @@ def explode(reason: str) -> str:
     """Always fails."""
     raise ToolError(f"exploded: {reason}")  # the message an MCP client sees
 
-server.run()
+if len(sys.argv) > 1:  # a port: serve streamable HTTP on loopback
+    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+else:
+    server.run()
 '''
 
 
@@ -110,6 +117,26 @@ def test_an_mcp_server_is_a_provider(daemon: Daemon, upstream: StdioServerParame
     assert result.logs == ["done"]
     assert "function add(input: {\n    a: number;\n    b: number;\n  }): Promise<{\n    result: number;\n  }>;" in types
     assert "function slow_echo(input:" in types and "Add two numbers." in types
+
+
+def test_a_streamable_http_upstream_from_the_config(daemon: Daemon, upstream: StdioServerParameters) -> None:
+    port = free_port()
+    with listening([upstream.command, *upstream.args, str(port)], port):
+        servers = {"web-up": UpstreamServer(url=f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"})}
+
+        async def main() -> Any:
+            async with connect_upstreams(servers) as sessions:
+                tools = {name: await mcp_tools(session) for name, session in sessions.items()}
+                return await CodeMode(Runner.connect(daemon.url), tools).execute_code(
+                    THREE_TOOLS.replace("upstream.", "web_up.")
+                )
+
+        executed = run(main)
+    assert executed.structured_content["result"] == {
+        "sum": {"result": 42},
+        "echoed": {"result": "hi"},
+        "caught": EXPLODED,
+    }
 
 
 def test_a_hung_upstream_tool_is_the_executions_timeout(daemon: Daemon, upstream: StdioServerParameters) -> None:
@@ -248,31 +275,22 @@ def test_code_mode_over_stdio(daemon: Daemon, servers_json: Path) -> None:
     check_code_mode(run(main))
 
 
-def test_code_mode_over_streamable_http(daemon: Daemon, servers_json: Path, tmp_path: Path) -> None:
-    port = free_port()
-    with (tmp_path / "stderr").open("w+") as stderr:
-        process = subprocess.Popen(
-            command(servers_json, daemon, "--transport", "http", "--port", str(port)),
-            stdin=subprocess.DEVNULL,
-            stdout=stderr,
-            stderr=stderr,
-        )
+@contextlib.contextmanager
+def listening(argv: list[str], port: int) -> Iterator[None]:
+    """Run ``argv`` until it accepts connections on ``port`` (30 s at most); stop it by PID afterwards."""
+    with tempfile.TemporaryFile(mode="w+") as output:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output)
         try:
             deadline = time.monotonic() + 30
             while True:
-                assert process.poll() is None, stderr.seek(0) or stderr.read()
-                assert time.monotonic() < deadline, "execbox-runner mcp did not listen in 30 s"
+                assert process.poll() is None, output.seek(0) or output.read()
+                assert time.monotonic() < deadline, f"{argv} did not listen in 30 s"
                 try:
                     socket.create_connection(("127.0.0.1", port), timeout=1).close()
                     break
                 except OSError:
                     time.sleep(0.1)
-
-            async def main() -> list[mcp_types.CallToolResult]:
-                async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-                    return await code_mode_session(client)
-
-            check_code_mode(run(main))
+            yield
         finally:
             process.terminate()
             try:
@@ -280,6 +298,17 @@ def test_code_mode_over_streamable_http(daemon: Daemon, servers_json: Path, tmp_
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
+
+
+def test_code_mode_over_streamable_http(daemon: Daemon, servers_json: Path) -> None:
+    port = free_port()
+    with listening(command(servers_json, daemon, "--transport", "http", "--port", str(port)), port):
+
+        async def main() -> list[mcp_types.CallToolResult]:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                return await code_mode_session(client)
+
+        check_code_mode(run(main))
 
 
 def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
@@ -290,7 +319,6 @@ def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ},
     )
     assert done.returncode == 2
     assert "give either `command` (stdio) or `url` (streamable HTTP)" in done.stderr
