@@ -47,3 +47,4 @@ def test_the_standalone_body_throws_before_anything_in_it_runs() -> None:
     program = normalize("a; b")
     assert program.standalone.startswith("throw 0;")
     assert program.standalone.count(program.body) == program.source.count(program.body) == 1
+    assert value(run("[typeof main, Object.keys(globalThis).includes('main')]")) == ["undefined", False]

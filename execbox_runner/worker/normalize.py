@@ -24,11 +24,13 @@ Guest braces must not change the structure around the body: a body that closes
 the wrapper's block (``}), evil(), (async () => {``) would run at evaluation,
 outside the function, with its throws taken for the engine's. So the worker
 first evaluates ``Program.standalone``, the same body in a function declaration
-behind a ``throw`` that runs first (nothing in it ever runs). After a block that
-closes the arrow function of ``source``, QuickJS accepts only ``,`` or ``)``;
-after one that closes a declaration, a statement, which never starts with
-either. A body that escapes one wrapper is a syntax error in the other, so a
-body that passes both is one function body, as QuickJS itself parses it.
+behind a ``throw`` that runs first (nothing in it ever runs). Both are async
+functions in sloppy scripts, so QuickJS reads the body's tokens alike in each.
+After a block that closes the arrow function of ``source``, QuickJS accepts
+only ``,`` or ``)``; after one that closes the declaration, a statement, which
+never starts with either. So a body that closes ``source``'s function is a
+syntax error in ``standalone``, and one that parses in both is one function
+body, as QuickJS itself reads it (``tests/test_escape.py``).
 """
 
 from __future__ import annotations
