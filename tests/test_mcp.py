@@ -30,7 +30,7 @@ from execbox_runner.mcp.config import UpstreamServer
 from execbox_runner.mcp.provider import mcp_tools
 from execbox_runner.mcp.upstream import connect_upstreams
 
-from .daemonkit import Daemon, running_daemon
+from .daemonkit import Daemon, children_of, process_state, running_daemon
 
 UPSTREAM = '''
 import sys
@@ -276,10 +276,10 @@ def test_code_mode_over_stdio(daemon: Daemon, servers_json: Path) -> None:
 
 
 @contextlib.contextmanager
-def listening(argv: list[str], port: int) -> Iterator[None]:
+def listening(argv: list[str], port: int) -> Iterator[subprocess.Popen[str]]:
     """Run ``argv`` until it accepts connections on ``port`` (30 s at most); stop it by PID afterwards."""
     with tempfile.TemporaryFile(mode="w+") as output:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output)
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output, text=True)
         try:
             deadline = time.monotonic() + 30
             while True:
@@ -290,7 +290,7 @@ def listening(argv: list[str], port: int) -> Iterator[None]:
                     break
                 except OSError:
                     time.sleep(0.1)
-            yield
+            yield process
         finally:
             process.terminate()
             try:
@@ -309,6 +309,23 @@ def test_code_mode_over_streamable_http(daemon: Daemon, servers_json: Path) -> N
                 return await code_mode_session(client)
 
         check_code_mode(run(main))
+
+
+def test_sigterm_stops_the_local_runner_and_the_wrapped_servers(servers_json: Path) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(servers_json), "--transport", "http"]
+    with listening([*argv, "--port", str(port)], port) as process:
+        children = children_of(process.pid)
+        assert len(children) == 2  # the private runner (Runner.local()) and the wrapped stdio server
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+    assert [process_state(pid) for pid in children] == ["gone", "gone"]
+
+
+def test_without_the_extra_nothing_imports_mcp() -> None:
+    code = "import sys, execbox_runner.daemon.cli, execbox_runner.mcp.cli; print(sorted(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "'mcp'" not in loaded.stdout and "'mcp_types'" not in loaded.stdout
 
 
 def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
