@@ -119,24 +119,24 @@ def test_an_mcp_server_is_a_provider(daemon: Daemon, upstream: StdioServerParame
     assert "function slow_echo(input:" in types and "Add two numbers." in types
 
 
-def test_a_streamable_http_upstream_from_the_config(daemon: Daemon, upstream: StdioServerParameters) -> None:
+def test_servers_over_streamable_http_and_stdio_are_namespaces(daemon: Daemon, upstream: StdioServerParameters) -> None:
     port = free_port()
     with listening([upstream.command, *upstream.args, str(port)], port):
-        servers = {"web-up": UpstreamServer(url=f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"})}
+        servers = {
+            "web-up": UpstreamServer(url=f"http://127.0.0.1:{port}/mcp", headers={"X-Test": "1"}),
+            "local": UpstreamServer(command=upstream.command, args=upstream.args),
+        }
+        both = (
+            "const [web, stdio] = await Promise.all([web_up.add({a: 2, b: 40}), local.add({a: 1, b: 2})]); [web, stdio]"
+        )
 
         async def main() -> Any:
             async with connect_upstreams(servers) as sessions:
                 tools = {name: await mcp_tools(session) for name, session in sessions.items()}
-                return await CodeMode(Runner.connect(daemon.url), tools).execute_code(
-                    THREE_TOOLS.replace("upstream.", "web_up.")
-                )
+                return await CodeMode(Runner.connect(daemon.url), tools).execute_code(both)
 
         executed = run(main)
-    assert executed.structured_content["result"] == {
-        "sum": {"result": 42},
-        "echoed": {"result": "hi"},
-        "caught": EXPLODED,
-    }
+    assert executed.structured_content["result"] == [{"result": 42}, {"result": 3}]
 
 
 def test_a_hung_upstream_tool_is_the_executions_timeout(daemon: Daemon, upstream: StdioServerParameters) -> None:
