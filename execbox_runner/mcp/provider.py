@@ -8,7 +8,6 @@ JSON: the structured content when the server gave one, else the text.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import mcp_types
@@ -16,8 +15,6 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from ..client import Tool, ToolError
-
-ToolCaller = Callable[[Any], Awaitable[Any]]
 
 
 async def list_mcp_tools(session: ClientSession) -> list[mcp_types.Tool]:
