@@ -11,6 +11,7 @@ reading cannot hold anything else up.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -108,10 +109,7 @@ class Connection:
                 await self._linger()
                 await self.stream.aclose()
                 if self.recorder is not None:
-                    try:
-                        await trio.to_thread.run_sync(self.recorder.write)
-                    except OSError:
-                        log.exception("could not write the session record")
+                    await self.recorder.close()
 
     async def _linger(self) -> None:
         """Close like a lingering TCP close: stop sending, then read and discard what the
@@ -199,7 +197,7 @@ class Connection:
         payload = bytes(frame.data)  # already bytes from the parser: no copy
         if opcode is Opcode.TEXT:
             if frame.fin:
-                self._record_host(payload)
+                await self._record(lambda recorder: recorder.host_text(payload))
                 await self._perform(self.session.receive_text(payload, now))
             else:
                 self._fragments = [payload]
@@ -207,14 +205,13 @@ class Connection:
             self._fragments.append(payload)
             if frame.fin:
                 data, self._fragments = b"".join(self._fragments), None
-                self._record_host(data)
+                await self._record(lambda recorder: recorder.host_text(data))
                 await self._perform(self.session.receive_text(data, now))
         elif opcode is Opcode.BINARY:
-            if self.recorder is not None:
-                self.recorder.host_binary(payload)
+            await self._record(lambda recorder: recorder.host_binary(payload))
             await self._perform(self.session.receive_binary(now))
-        elif opcode is Opcode.CLOSE and self.recorder is not None and not self._closed_by_us:
-            self.recorder.host_close()
+        elif opcode is Opcode.CLOSE and not self._closed_by_us:
+            await self._record(Recorder.host_close)
         # PING, PONG and CLOSE are answered by the protocol itself.
 
     # ------------------------------------------------------------------ actions
@@ -260,17 +257,18 @@ class Connection:
             self.state.metrics.execution_ended(record)
         logs.execution_ended(record, self.peer, record.guest_code if self.settings.log_guest_code else None)
 
-    def _record_host(self, data: bytes) -> None:
+    async def _record(self, step: Callable[[Recorder], None]) -> None:
+        """With --record-dir: record one step and put it on disk before the session moves on."""
         if self.recorder is not None:
-            self.recorder.host_text(data)
+            step(self.recorder)
+            await self.recorder.flush()
 
     async def _send_text(self, data: bytes) -> None:
         try:
             self.ws.send_text(data)
         except InvalidState:
             return  # closing: nothing more can be sent
-        if self.recorder is not None:
-            self.recorder.runner(data)
+        await self._record(lambda recorder: recorder.runner(data))
         await self._flush()
 
     async def _close(self, code: int, reason: str) -> None:
@@ -279,8 +277,7 @@ class Connection:
         except InvalidState:
             return
         self._closed_by_us = True
-        if self.recorder is not None:
-            self.recorder.runner_close(code)
+        await self._record(lambda recorder: recorder.runner_close(code))
         await self._flush()
 
     async def _flush(self) -> None:

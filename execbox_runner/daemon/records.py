@@ -10,32 +10,47 @@ the runner chooses; the host's uses of it refer to the same name). Pauses of the
 host longer than ``PAUSE_MS`` become ``sleep_ms`` steps, so a cancel that came
 while the guest was busy comes while it is busy again. Beside each transcript,
 ``.summary.json`` lists the session's executions.
+
+A transcript streams to disk as the session goes (each step is written, in a
+worker thread, before the session moves on), so recording holds a few of a
+session's messages at most, however long it runs and however large its tool
+results. A record that cannot be written is logged once and dropped; the
+session goes on.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import time
 from pathlib import Path
 from typing import Any, Final
 
+import trio
+
 from ..protocol.session import ExecutionEnded
 
+log = logging.getLogger(__name__)
 PAUSE_MS: Final = 10
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class Recorder:
-    """Collects one session's steps; ``write`` saves them when the session ends."""
+    """One session's transcript: steps are queued as they happen, ``flush`` appends them to
+    the file, ``close`` writes the rest and the summary when the session ends."""
 
     def __init__(self, directory: Path, peer: str) -> None:
         self.directory = directory
         self.peer = peer
         self.started = time.time()
-        self.steps: list[dict[str, Any]] = []
+        self.path: Path | None = None  # named by the first step (the first execute's id)
         self.executions: list[dict[str, Any]] = []
+        self._pending: list[str] = []  # JSON lines not yet on disk, oldest first
+        self._steps = 0
+        self._failed = False
+        self._lock = trio.Lock()  # one writer at a time keeps the lines in order
         self._calls: dict[str, str] = {}  # actual callId -> placeholder name, this execution
         self._execution = 0
         self._last = time.monotonic()
@@ -45,15 +60,16 @@ class Recorder:
         try:
             message = json.loads(data)
         except ValueError:
-            self.steps.append({"host_raw": data.decode(errors="replace")})
+            self._step({"host_raw": data.decode(errors="replace")})
             return
         if isinstance(message, dict) and isinstance(message.get("callId"), str) and message["callId"] in self._calls:
             message["callId"] = f"<bind:{self._calls[message['callId']]}>"
-        self.steps.append({"host": message})
+        first = message.get("id") if isinstance(message, dict) and message.get("type") == "execute" else None
+        self._step({"host": message}, first if isinstance(first, str) else "session")
 
     def host_binary(self, data: bytes) -> None:
         self._pause()
-        self.steps.append({"host_binary": {"base64": base64.b64encode(data).decode()}})
+        self._step({"host_binary": {"base64": base64.b64encode(data).decode()}})
 
     def runner(self, data: bytes) -> None:
         message = json.loads(data)
@@ -66,14 +82,14 @@ class Recorder:
             name = f"e{self._execution}c{len(self._calls) + 1}"
             self._calls[message["callId"]] = name
             message["callId"] = f"<bind:{name}>"
-        self.steps.append({"runner": message})
+        self._step({"runner": message})
         self._last = time.monotonic()
 
     def host_close(self) -> None:
-        self.steps.append({"host_close": True})
+        self._step({"host_close": True})
 
     def runner_close(self, code: int) -> None:
-        self.steps.append({"runner_close": {"code": code}})
+        self._step({"runner_close": {"code": code}})
 
     def execution_ended(self, record: ExecutionEnded) -> None:
         self.executions.append(
@@ -89,20 +105,56 @@ class Recorder:
     def _pause(self) -> None:
         now = time.monotonic()
         waited = round((now - self._last) * 1000)
-        if waited > PAUSE_MS and self.steps:
-            self.steps.append({"sleep_ms": waited})
+        if waited > PAUSE_MS and self._steps:
+            self._step({"sleep_ms": waited})
         self._last = now
 
-    def write(self) -> Path | None:
-        """Save the transcript and its summary; None for a session that sent nothing."""
-        if not self.steps:
-            return None
-        first = next((e["id"] for e in self.executions), "session")
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started)) + f"{self.started % 1:.6f}"[1:]
-        name = _UNSAFE.sub("_", f"{stamp}-{first}")[:120]
-        path = self.directory / f"{name}.jsonl"
-        header = {"transcript": name, "description": f"recorded session from {self.peer} at {stamp}"}
-        path.write_text("".join(json.dumps(line) + "\n" for line in [header, *self.steps]))
-        summary = {"transcript": path.name, "peer": self.peer, "started": self.started, "executions": self.executions}
-        path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return path
+    def _step(self, step: dict[str, Any], first: str = "session") -> None:
+        """Queue one step; the session's first step names the transcript and brings its header."""
+        if self._steps == 0:
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started)) + f"{self.started % 1:.6f}"[1:]
+            name = _UNSAFE.sub("_", f"{stamp}-{first}")[:120]
+            self.path = self.directory / f"{name}.jsonl"
+            self._pending.append(
+                json.dumps({"transcript": name, "description": f"recorded session from {self.peer} at {stamp}"})
+            )
+        self._steps += 1
+        self._pending.append(json.dumps(step))
+
+    async def flush(self) -> None:
+        """Append the queued steps to the transcript, in a worker thread (disks may be slow)."""
+        async with self._lock:
+            lines, self._pending = self._pending, []
+            if lines and not self._failed:
+                await trio.to_thread.run_sync(self._append, lines)
+
+    async def close(self) -> None:
+        """Write what is left and the summary (nothing for a session that sent nothing)."""
+        await self.flush()
+        if self.path is None or self._failed:
+            return
+        summary = {
+            "transcript": self.path.name,
+            "peer": self.peer,
+            "started": self.started,
+            "executions": self.executions,
+        }
+        await trio.to_thread.run_sync(self._save, self.path.with_suffix(".summary.json"), json.dumps(summary, indent=2))
+
+    def _append(self, lines: list[str]) -> None:
+        assert self.path is not None
+        try:
+            with self.path.open("a") as transcript:
+                transcript.writelines(line + "\n" for line in lines)
+        except OSError as exc:
+            self._fail(exc)
+
+    def _save(self, path: Path, text: str) -> None:
+        try:
+            path.write_text(text + "\n")
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self._failed = True
+        log.error("could not write the session record %s: %s; the session goes on unrecorded", self.path, exc)

@@ -1,0 +1,51 @@
+"""Session records (``--record-dir``) stream to disk: a real daemon's memory stays bounded by a
+few messages however long the recorded session is (issue 11, section 5)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .daemonkit import client, run_to_done, running_daemon
+
+RESULT_BYTES = 10 << 20
+EXECUTIONS = 30
+# What the daemon may hold beyond its resting size while a session moves 10 MiB messages: a
+# few of them (the frame, its parsed value, its record line). The whole session is 300 MiB.
+FEW_MESSAGES_BYTES = 8 * RESULT_BYTES
+
+
+def memory(pid: int, field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (the peak) of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_a_long_recorded_session_streams_to_disk_in_bounded_memory(tmp_path: Path) -> None:
+    big = "x" * RESULT_BYTES
+    code = "(await tools.echo('give me the big one')).length"
+    with running_daemon("--record-dir", str(tmp_path)) as d:
+        pid = d.process.pid
+        with client(d.url) as ws:  # one message of that size first: the daemon's resting size with it
+            assert run_to_done(ws, "warm", code, answer=big)["result"] == RESULT_BYTES
+        resting = memory(pid, "VmRSS")
+        with client(d.url) as ws:
+            for index in range(EXECUTIONS):
+                assert run_to_done(ws, f"big-{index}", code, answer=big)["result"] == RESULT_BYTES
+            open_session = memory(pid, "VmRSS")
+            assert open_session - resting < FEW_MESSAGES_BYTES, (resting, open_session)
+            transcripts = list(tmp_path.glob("*big-0.jsonl"))
+            # Already on disk while the session is open, not held until it ends.
+            assert len(transcripts) == 1 and transcripts[0].stat().st_size > EXECUTIONS * RESULT_BYTES
+        with client(d.url) as ws:  # the daemon is still well after that session
+            assert run_to_done(ws, "after", "1")["ok"]
+        peak = memory(pid, "VmHWM")
+        assert peak - resting < FEW_MESSAGES_BYTES, (resting, peak)
+    summary = json.loads(transcripts[0].with_suffix(".summary.json").read_text())
+    assert [execution["id"] for execution in summary["executions"]] == [f"big-{i}" for i in range(EXECUTIONS)]
+    lines = transcripts[0].read_text().splitlines()
+    assert json.loads(lines[0])["transcript"] == transcripts[0].stem
+    assert sum('"type": "tool_result"' in line for line in lines) == EXECUTIONS
