@@ -64,7 +64,11 @@ def run_mcp(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"execbox-runner mcp: {exc}; install it with: pip install 'execbox-runner[mcp]'", file=sys.stderr)
         return EXIT_USAGE
-    bounds = Bounds(args.timeout_ms, args.memory_limit_bytes, args.max_tool_calls, args.max_result_chars)
+    try:
+        bounds = Bounds(args.timeout_ms, args.memory_limit_bytes, args.max_tool_calls, args.max_result_chars)
+    except ValueError as exc:
+        print(f"execbox-runner mcp: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     runner = Runner.connect(args.url, token=args.token) if args.url else Runner.local()
     main = partial(
         serve,

@@ -31,6 +31,11 @@ class Bounds:
     max_result_chars: int = 20_000
     max_log_lines: int = 100
 
+    def __post_init__(self) -> None:
+        """Refuse a bound that would fail every execution, at start-up rather than at the first call."""
+        if min(self.timeout_ms, self.memory_limit_bytes, self.max_tool_calls, self.max_result_chars) <= 0:
+            raise ValueError(f"every bound must be above 0: {self}")
+
 
 DEFAULT_BOUNDS: Final = Bounds()
 
