@@ -5,7 +5,9 @@ handshake, assembles text messages from frames, feeds the session host
 messages, worker messages and timer expiries, and performs the actions the
 session returns (send to the host, start or message a worker, release it,
 close). Every send to the host is bounded in time, so a peer that stops
-reading cannot hold anything else up.
+reading cannot hold anything else up. Whatever a peer does to its connection
+(resetting it, stopping reading, pipelining requests) ends that connection
+alone, logged at info: it is never an error of the daemon.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Final
 import trio
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
-from websockets.http11 import Request
+from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
@@ -53,11 +55,13 @@ class Connection:
         pool: WorkerPool,
         settings: Settings,
         state: DaemonState,
+        requested: Callable[[], None],
         peer: str = "",
         record_dir: Path | None = None,
     ) -> None:
         self.stream = stream
         self.peer = peer
+        self._requested = requested  # called once the peer's handshake request has arrived
         self.recorder = Recorder(record_dir, peer) if record_dir is not None else None
         self._closed_by_us = False
         self.pool = pool
@@ -95,13 +99,18 @@ class Connection:
                 return
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.state.draining:  # the drain began while this handshake was answered
+                    self.shutdown()
                 for frame in early:
                     await self._frame(frame)
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        except* (trio.BrokenResourceError, OSError) as group:
+            log.info("connection from %s lost: %s", self.peer, _cause(group))
+        except* trio.ClosedResourceError:
+            pass  # closed by us: a peer dropped for not reading, or a shed handshake
         finally:
+            self._nursery = None
             if self._counted:
                 self.state.sessions -= 1
             with trio.CancelScope(shield=True):
@@ -136,10 +145,12 @@ class Connection:
             events = self.ws.events_received()
             for index, event in enumerate(events):
                 if isinstance(event, Request):
+                    self._requested()
                     answer = endpoints.route(event, self.state)
+                    if answer is None and self.ws.eof_sent:
+                        answer = endpoints.bad_request("what followed the handshake request is not WebSocket frames")
                     if answer is not None:  # health, readiness, or a refused session
-                        self.ws.send_response(answer)
-                        await self._flush()
+                        await self._respond(answer)
                         return None
                     self.tenant = endpoints.tenant(event, self.state)
                     self.ws.send_response(self.ws.accept(event))
@@ -152,6 +163,17 @@ class Connection:
             if self.ws.close_expected():  # malformed handshake: websockets answered 400
                 await self._flush()
                 return None
+
+    async def _respond(self, response: Response) -> None:
+        """Answer a request that does not become a session, then end the connection.
+
+        Written here, not by the protocol: the protocol has already parsed whatever the
+        peer pipelined after the request (a second probe) as frames, failed on it and
+        queued its end of data. The request still gets its answer; nothing after it does.
+        """
+        self.ws.data_to_send()  # discarded: the protocol's reaction to the pipelined bytes
+        self._eof = True
+        await self._write(response.serialize())
 
     async def _read_loop(self) -> None:
         """Read frames until the closing handshake is over (or the peer vanishes).
@@ -238,8 +260,17 @@ class Connection:
             self._idle_since = None
         self._rearm_timer()
 
-    async def shutdown(self) -> None:
-        """The daemon is stopping: cancel this session's execution (it gets its done), then close."""
+    def shutdown(self) -> None:
+        """The daemon is stopping: cancel this session's execution (it gets its done), then close.
+
+        Performed by a task of this connection, not the caller's: a peer that stopped
+        reading then costs its own connection (dropped after the send timeout), never
+        the drain nor the other sessions' ``done`` and close.
+        """
+        if self._nursery is not None:
+            self._nursery.start_soon(self._shut_down)
+
+    async def _shut_down(self) -> None:
         await self._perform(self.session.shutdown(trio.current_time()))
 
     def _perform_sync(self, actions: list[Action]) -> None:
@@ -287,7 +318,9 @@ class Connection:
             return
         if not chunks[-1]:
             self._eof = True  # end of data: serve() closes the socket
-        data = b"".join(chunks)
+        await self._write(b"".join(chunks))
+
+    async def _write(self, data: bytes) -> None:
         if not data:
             return
         async with self._send_lock:
@@ -362,3 +395,12 @@ class Connection:
     def _rearm_timer(self) -> None:
         if self._timer_scope is not None:
             self._timer_scope.deadline = min(self._deadline(), self._close_deadline)
+
+
+def _cause(group: BaseExceptionGroup[BaseException]) -> str:
+    """What ended a lost connection, in a few words (for its info line)."""
+    error: BaseException = group.exceptions[0]
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    cause = error.__cause__ or error
+    return str(cause) or type(cause).__name__

@@ -3,8 +3,8 @@
 Every request reaches the daemon as a WebSocket handshake request. ``route``
 answers the ones that are not sessions (``GET /healthz``, ``GET /readyz``,
 ``GET /metrics``; unauthenticated so that probes and scrapers work) and refuses handshakes that may not
-become sessions: a missing or wrong bearer token (401, tokens compared in
-constant time), an Origin not allowed (403), or a daemon that cannot take a
+become sessions: a missing, wrong or repeated bearer token (401, tokens compared in
+constant time), an Origin not allowed or repeated (403), or a daemon that cannot take a
 session now (draining, or at its maximum of concurrent sessions: 503 with
 ``Retry-After``). All of this happens before any session exists: a host is
 never accepted and then starved. Everything else becomes a session.
@@ -41,7 +41,7 @@ class DaemonState:
     draining: bool = False
     pool_ready: bool = False
     refused: dict[str, int] = field(
-        default_factory=lambda: {"unauthorized": 0, "origin": 0, "draining": 0, "busy": 0, "memory": 0}
+        default_factory=lambda: {"unauthorized": 0, "origin": 0, "draining": 0, "busy": 0, "memory": 0, "shed": 0}
     )
     memory_budget: int = 1 << 62  # bytes the daemon, its zygote and its workers may hold
     memory_used: int = 0  # their resident memory, sampled by the server
@@ -89,6 +89,10 @@ def tenant(request: Request, state: DaemonState) -> str:
     return ""
 
 
+def bad_request(message: str) -> Response:
+    return _json(400, "Bad Request", {"error": "bad_request", "message": message})
+
+
 def route(request: Request, state: DaemonState) -> Response | None:
     """The response to a non-session request or a refused handshake; None to accept a session."""
     path = request.path.split("?", 1)[0]
@@ -124,18 +128,24 @@ def route(request: Request, state: DaemonState) -> Response | None:
             {"status": "draining" if state.draining else "starting"},
             [("Retry-After", str(RETRY_AFTER_S))],
         )
-    if state.tokens and not _authorized(request.headers.get("Authorization", ""), state.tokens):
+    # Repeated headers are ambiguous credentials: whichever one a proxy or a reader picks, the
+    # handshake is refused rather than judged by one of them.
+    authorizations = request.headers.get_all("Authorization")
+    if state.tokens and not (len(authorizations) == 1 and _authorized(authorizations[0], state.tokens)):
         state.refused["unauthorized"] += 1
         return _json(
             401,
             "Unauthorized",
-            {"error": "unauthorized", "message": "a valid bearer token is required"},
+            {
+                "error": "unauthorized",
+                "message": "exactly one Authorization header with a valid bearer token is required",
+            },
             [("WWW-Authenticate", 'Bearer realm="execbox-runner"')],
         )
-    origin = request.headers.get("Origin")
-    if state.allowed_origins and origin is not None and origin not in state.allowed_origins:
+    origins = request.headers.get_all("Origin")
+    if state.allowed_origins and (len(origins) > 1 or not state.allowed_origins.issuperset(origins)):
         state.refused["origin"] += 1
-        return _json(403, "Forbidden", {"error": "origin", "message": f"origin {origin!r} is not allowed"})
+        return _json(403, "Forbidden", {"error": "origin", "message": f"origin {', '.join(origins)!r} is not allowed"})
     if state.draining:
         refusal, message = "draining", "the runner is shutting down"
     elif state.sessions >= state.max_sessions:

@@ -5,10 +5,16 @@ reports the bound address through ``task_status`` (so tests and the CLI learn
 a port 0 choice), and runs until cancelled. ``Daemon.drain`` is the graceful
 stop: refuse new sessions, let running executions finish within the grace,
 cancel the rest (each still gets its ``done``), close every session.
+
+Connections that have not finished their opening handshake are bounded
+(``Handshakes``): a flood of peers that connect and send nothing sheds its own
+oldest members, so it can neither exhaust the descriptors nor keep legitimate
+hosts waiting in the accept queue.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -39,6 +45,11 @@ STANDARD_CPU_LIFETIME_S = 24 * 3600
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
 LISTEN_BACKLOG = 4096
+# accept() errors that mean "no descriptor (or memory) for another connection now".
+OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_RETRY_S: Final = 0.1  # out of descriptors, none of them a handshake to shed: wait for a session to end
+# Connections still in their handshake: at most this many, and at most a quarter of the descriptors.
+MAX_HANDSHAKES: Final = 1024
 LIVE_STATE_INTERVAL_S = 0.5
 MEMORY_SAMPLE_INTERVAL_S = 0.25
 
@@ -147,6 +158,48 @@ def worker_arguments(settings: Settings) -> list[str]:
     return args if settings.sandbox else [*args, "--no-sandbox"]
 
 
+class Handshakes:
+    """Connections that have not finished their opening handshake (TLS, then the HTTP
+    request), oldest first.
+
+    A legitimate host sends its request at once; a peer that connects and sends nothing
+    holds a descriptor until its handshake times out. So when a new connection would
+    pass the bound, or the descriptors run out, the oldest of these is closed: a flood
+    of idle connections sheds its own members, and a host behind it gets through.
+    """
+
+    def __init__(self, limit: int, refused: dict[str, int]) -> None:
+        self._limit = limit
+        self._refused = refused  # the daemon's count of refused handshakes, by reason
+        self._waiting: dict[trio.SocketStream, None] = {}  # insertion order: oldest first
+
+    def add(self, tcp: trio.SocketStream) -> None:
+        if len(self._waiting) >= self._limit:
+            self.shed()
+        self._waiting[tcp] = None
+
+    def finished(self, tcp: trio.SocketStream) -> None:
+        self._waiting.pop(tcp, None)
+
+    def shed(self) -> bool:
+        """Close the oldest connection still in its handshake; False if there is none."""
+        if not self._waiting:
+            return False
+        tcp = next(iter(self._waiting))
+        del self._waiting[tcp]
+        # Closed now, not by its task: the descriptor is free for the next accept at once,
+        # and the task waiting on it sees ClosedResourceError.
+        tcp.socket.close()
+        self._refused["shed"] += 1
+        return True
+
+
+def handshake_limit(open_files: int) -> int:
+    """How many connections may wait for their handshake: enough for a burst of hosts, and few
+    enough that sessions and workers' channels always have descriptors left."""
+    return max(1, min(MAX_HANDSHAKES, open_files // 4))
+
+
 class ConfigurationError(Exception):
     """Settings the daemon refuses to start with."""
 
@@ -222,6 +275,8 @@ class Daemon:
         )
         self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
         self.connections: set[Connection] = set()
+        # Every daemon process raises its own descriptor limit (a supervisor's shards too).
+        self.handshakes = Handshakes(handshake_limit(raise_open_files()), self.state.refused)
 
     def _live_state(self) -> LiveState:
         pool = self.pool
@@ -255,7 +310,24 @@ class Daemon:
             if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
                 nursery.start_soon(self._publish_live_state)
             task_status.started((host, port))
-            await trio.serve_listeners(self._handle, listeners, handler_nursery=nursery)
+            for listener in listeners:
+                nursery.start_soon(self._accept, listener, nursery)
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """Accept connections for ever. Out of descriptors, shed the oldest handshake and
+        accept again at once, rather than leave the queue (and the hosts in it) waiting."""
+        while True:
+            try:
+                tcp = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                if not self.handshakes.shed():
+                    log.warning("cannot accept a connection: %s", exc.strerror)
+                    await trio.sleep(ACCEPT_RETRY_S)
+                continue
+            self.handshakes.add(tcp)
+            nursery.start_soon(self._handle, tcp)
 
     async def _sample_memory(self) -> None:
         """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission."""
@@ -271,6 +343,12 @@ class Daemon:
             await trio.sleep(LIVE_STATE_INTERVAL_S)
 
     async def _handle(self, tcp: trio.SocketStream) -> None:
+        try:
+            await self._serve_connection(tcp)
+        finally:
+            self.handshakes.finished(tcp)
+
+    async def _serve_connection(self, tcp: trio.SocketStream) -> None:
         stream: trio.abc.Stream = tcp
         if self.tls is not None:
             stream = trio.SSLStream(tcp, self.tls, server_side=True)
@@ -287,7 +365,9 @@ class Daemon:
             peer = f"{host}:{port}"
         except OSError:
             peer = ""
-        connection = Connection(stream, self.pool, self.settings, self.state, peer, self.record_dir)
+        connection = Connection(
+            stream, self.pool, self.settings, self.state, lambda: self.handshakes.finished(tcp), peer, self.record_dir
+        )
         self.connections.add(connection)
         try:
             await connection.serve()
@@ -306,7 +386,7 @@ class Daemon:
             while any(c.session.execution_id is not None for c in self.connections):
                 await trio.sleep(DRAIN_POLL_S)
         for connection in list(self.connections):
-            await connection.shutdown()
+            connection.shutdown()
         with trio.move_on_after(self.settings.cancel_grace + self.settings.close_timeout + 1):
             while self.connections:
                 await trio.sleep(DRAIN_POLL_S)
