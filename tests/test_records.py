@@ -1,12 +1,18 @@
 """Session records (``--record-dir``) stream to disk: a real daemon's memory stays bounded by a
-few messages however long the recorded session is (issue 11, section 5)."""
+few messages however long the recorded session is (issue 11, section 5), and a record that
+cannot be written never costs the session."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
-from .daemonkit import client, run_to_done, running_daemon
+import pytest
+
+from execbox_runner.daemon.records import Recorder
+
+from .daemonkit import client, execute, run_to_done, running_daemon
 
 RESULT_BYTES = 10 << 20
 EXECUTIONS = 30
@@ -49,3 +55,17 @@ def test_a_long_recorded_session_streams_to_disk_in_bounded_memory(tmp_path: Pat
     lines = transcripts[0].read_text().splitlines()
     assert json.loads(lines[0])["transcript"] == transcripts[0].stem
     assert sum('"type": "tool_result"' in line for line in lines) == EXECUTIONS
+
+
+async def test_a_record_that_cannot_be_written_is_logged_once_and_the_session_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder(tmp_path / "removed", "127.0.0.1:1")  # its directory is gone
+    recorder.host_text(execute("lost", "1").encode())
+    await recorder.flush()
+    recorder.runner(json.dumps({"type": "started", "id": "lost"}).encode())
+    await recorder.flush()
+    await recorder.close()
+    errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "could not write the session record" in errors[0].getMessage()
+    assert not (tmp_path / "removed").exists()
