@@ -25,6 +25,19 @@ def http(ws_url: str, path: str) -> str:
     return "http" + ws_url[2:].rstrip("/") + path
 
 
+def shards_of(supervisor: int) -> list[int]:
+    """The supervisor's daemon processes (its other children are orphans adopted to be reaped)."""
+    shards = []
+    for pid in children_of(supervisor):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"serve" in cmdline.read().split(b"\0"):
+                    shards.append(pid)
+        except OSError:
+            continue
+    return shards
+
+
 def tree(root: int) -> list[int]:
     found, frontier = [], [root]
     while frontier:
@@ -36,7 +49,7 @@ def tree(root: int) -> list[int]:
 
 def test_shards_share_the_port_metrics_and_the_drain() -> None:
     with running_daemon("--processes", "2", "--warm-workers", "2") as d:
-        shards = children_of(d.process.pid)
+        shards = shards_of(d.process.pid)
         assert len(shards) == 2
         for index in range(12):
             with client(d.url) as ws:
@@ -67,20 +80,18 @@ def test_a_killed_shard_is_replaced() -> None:
     """Also as PID 1 of a container would run it (a subreaper): the dead shard's zygote and workers
     come back to the supervisor and must be reaped, not left zombies."""
     with running_daemon("--processes", "2", "--warm-workers", "2", subreaper=True) as d:
-        victim = children_of(d.process.pid)[0]
+        victim = shards_of(d.process.pid)[0]
         os.kill(victim, signal.SIGKILL)
-        for _ in range(200):
-            shards = children_of(d.process.pid)
-            if len(shards) == 2 and victim not in shards:
+        # Its replacement starts, and the dead shard's zygote and workers, which came back to the
+        # supervisor (a subreaper), exit and are reaped: only the two shards remain, no zombie.
+        for _ in range(400):
+            children = children_of(d.process.pid)
+            if len(shards_of(d.process.pid)) == 2 and victim not in children and len(children) == 2:
                 break
             time.sleep(0.05)
-        assert victim not in children_of(d.process.pid) and len(children_of(d.process.pid)) == 2
-        # The dead shard's zygote and workers came back to the supervisor (a subreaper): reaped.
-        for _ in range(200):
-            if not [pid for pid in children_of(d.process.pid) if process_state(pid) == "Z"]:
-                break
-            time.sleep(0.05)
-        assert not [pid for pid in children_of(d.process.pid) if process_state(pid) == "Z"]
+        children = children_of(d.process.pid)
+        assert victim not in children and sorted(children) == sorted(shards_of(d.process.pid))
+        assert len(children) == 2 and not [pid for pid in children if process_state(pid) == "Z"]
         for index in range(6):
             with client(d.url) as ws:
                 assert run_to_done(ws, f"e{index}", "1 + 1")["result"] == 2
