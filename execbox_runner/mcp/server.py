@@ -68,8 +68,12 @@ async def serve(
     port: int = 8000,
     startup_timeout: float = 30.0,
 ) -> None:
-    """Connect to ``servers``, start ``runner`` (enter it here) and serve code mode until stopped."""
-    async with runner, connect_upstreams(servers, startup_timeout=startup_timeout) as sessions:
+    """Connect to ``servers``, start ``runner`` (enter it here) and serve code mode until stopped.
+
+    The runner is stopped first on the way out: a wrapped server that hangs on its way out (the SDK
+    gives it seconds) must not keep a private runner alive past an MCP client's kill.
+    """
+    async with connect_upstreams(servers, startup_timeout=startup_timeout) as sessions, runner:
         call_timeout = bounds.timeout_ms / 1000 + CALL_GRACE_S
         namespaces = {name: await mcp_tools(session, call_timeout=call_timeout) for name, session in sessions.items()}
         server = code_mode_server(CodeMode(runner, namespaces, bounds))
