@@ -24,6 +24,25 @@ def echo_host(provider: str, tool: str, value: Any) -> Any:
     return value
 
 
+def run_message(
+    code: str,
+    *,
+    providers: list[tuple[str, list[str]]] | None = None,
+    budget: float = 5.0,
+    memory: int = 64 << 20,
+) -> ipc.Run:
+    """A ``Run`` as the daemon sends it, with small log limits, for tests that drive a guest or worker by hand."""
+    return ipc.Run(
+        code=code,
+        budget_s=budget,
+        memory_limit=memory,
+        max_log_lines=10,
+        max_log_chars=100,
+        providers=providers or [],
+        max_output_bytes=1 << 20,
+    )
+
+
 def run(
     code: str,
     *,

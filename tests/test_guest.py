@@ -10,7 +10,7 @@ from execbox_runner.protocol import ipc
 from execbox_runner.worker import native
 from execbox_runner.worker.guest import GuestRun
 
-from .guestkit import UNDEFINED, HostError, error, run, value
+from .guestkit import UNDEFINED, HostError, error, run, run_message, value
 
 
 def failing_host(code: str, message: str):
@@ -313,15 +313,7 @@ def test_promise_job_storm_is_bounded_by_the_budget() -> None:
 
 def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
     guest = GuestRun(
-        ipc.Run(
-            code="try { await tools.echo(1) } finally { console.log('cleanup') }",
-            budget_s=5,
-            memory_limit=64 << 20,
-            max_log_lines=10,
-            max_log_chars=100,
-            providers=[("tools", ["echo"])],
-            max_output_bytes=1 << 20,
-        )
+        run_message("try { await tools.echo(1) } finally { console.log('cleanup') }", providers=[("tools", ["echo"])])
     )
     assert isinstance(guest.start(), ipc.ToolCalls)
     finished = guest.abort()
@@ -330,17 +322,7 @@ def test_abort_rejects_pending_tools_and_runs_finally_blocks() -> None:
 
 def test_a_spinning_guest_is_interrupted_from_another_thread_and_keeps_its_logs() -> None:
     assert native.SUPPORTED, "the quickjs binding's layout changed: cancel falls back to killing workers"
-    guest = GuestRun(
-        ipc.Run(
-            code="console.log('spin'); while (true) {}",
-            budget_s=60,
-            memory_limit=64 << 20,
-            max_log_lines=10,
-            max_log_chars=100,
-            providers=[],
-            max_output_bytes=1 << 20,
-        )
-    )
+    guest = GuestRun(run_message("console.log('spin'); while (true) {}", budget=60))
     poker = threading.Timer(0.05, lambda: [guest.interrupt() for _ in range(3)])
     poker.start()
     started = time.monotonic()
@@ -361,17 +343,7 @@ def test_the_bootstrap_source_fallback_behaves_like_the_compiled_bootstrap(monke
 
 def test_abort_keeps_logs_even_when_the_unwinding_guest_spins() -> None:
     code = "try { await tools.echo(1) } finally { console.log('unwinding'); while (true) {} }"
-    guest = GuestRun(
-        ipc.Run(
-            code=code,
-            budget_s=5,
-            memory_limit=64 << 20,
-            max_log_lines=10,
-            max_log_chars=100,
-            providers=[("tools", ["echo"])],
-            max_output_bytes=1 << 20,
-        )
-    )
+    guest = GuestRun(run_message(code, providers=[("tools", ["echo"])]))
     assert isinstance(guest.start(), ipc.ToolCalls)
     finished = guest.abort()
     assert (finished.code, finished.logs) == ("timeout", ["unwinding"])

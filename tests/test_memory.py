@@ -7,7 +7,7 @@ from execbox_runner.protocol import ipc
 from execbox_runner.worker import native
 from execbox_runner.worker.guest import GuestRun
 
-from .guestkit import HostError, error, run, value
+from .guestkit import HostError, error, run, run_message, value
 
 MIB = 1 << 20
 
@@ -108,15 +108,7 @@ def test_without_the_native_layout_quickjs_enforces_the_limit_itself(monkeypatch
 
 
 def test_refusals_are_counted_per_runtime() -> None:
-    bomb = ipc.Run(
-        code=SHAPES["arrays of arrays"],
-        budget_s=10,
-        memory_limit=8 * MIB,
-        max_log_lines=10,
-        max_log_chars=100,
-        providers=[],
-        max_output_bytes=MIB,
-    )
+    bomb = run_message(SHAPES["arrays of arrays"], budget=10, memory=8 * MIB)
     calm, bomber = GuestRun(msgspec.structs.replace(bomb, code="1")), GuestRun(bomb)
     finished = bomber.start()
     assert isinstance(finished, ipc.Finished) and finished.code == "memory_limit"

@@ -15,6 +15,8 @@ from execbox_runner.protocol import ipc
 from execbox_runner.worker import sandbox
 from execbox_runner.worker.loop import recv_exactly
 
+from .guestkit import run_message
+
 CAPABILITIES = sandbox.capabilities()
 
 
@@ -133,14 +135,8 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
     process, sock = start_worker("--max-memory", str(64 << 20))
     with sock:
         assert isinstance(receive(sock), ipc.Ready)
-        run = ipc.Run(
-            code="console.log('hi'); const r = await t.e({ a: 1 }); r.a + 1",
-            budget_s=5,
-            memory_limit=32 << 20,
-            max_log_lines=10,
-            max_log_chars=100,
-            providers=[("t", ["e"])],
-            max_output_bytes=1 << 20,
+        run = run_message(
+            "console.log('hi'); const r = await t.e({ a: 1 }); r.a + 1", providers=[("t", ["e"])], memory=32 << 20
         )
         sock.sendall(ipc.frame(1, run))
         calls = receive(sock, 1)
@@ -149,33 +145,14 @@ def test_a_sandboxed_worker_runs_guest_code_normally() -> None:
         finished = receive(sock, 1)
         assert isinstance(finished, ipc.Finished) and finished.result == b"42"
         sock.sendall(
-            ipc.frame(
-                2,
-                ipc.Run(
-                    code="const a = []; while (true) a.push(new Array(1000).fill(1))",
-                    budget_s=5,
-                    memory_limit=32 << 20,
-                    max_log_lines=10,
-                    max_log_chars=100,
-                    providers=[],
-                    max_output_bytes=1 << 20,
-                ),
-            )
+            ipc.frame(2, run_message("const a = []; while (true) a.push(new Array(1000).fill(1))", memory=32 << 20))
         )
         assert receive(sock, 2).code == "memory_limit"
     process.wait(timeout=30)
 
 
 def spin_run(budget_s: float) -> ipc.Run:
-    return ipc.Run(
-        code="while (true) {}",
-        budget_s=budget_s,
-        memory_limit=32 << 20,
-        max_log_lines=10,
-        max_log_chars=100,
-        providers=[],
-        max_output_bytes=1 << 20,
-    )
+    return run_message("while (true) {}", budget=budget_s, memory=32 << 20)
 
 
 def test_an_execution_aborted_before_it_started_is_answered_while_the_runners_are_busy() -> None:
