@@ -154,6 +154,47 @@ function statusText(status: number): string {
   }
 }
 
+/** One connection attempt: settles once, with the socket or why not, however it ends; an abort stops it. */
+class Attempt {
+  settled = false;
+
+  constructor(
+    private readonly resolve: (socket: Socket) => void,
+    private readonly reject: (error: Error) => void,
+    private readonly signal: AbortSignal | undefined,
+    private readonly stop: () => void,
+    private readonly cleanup: () => void = () => {},
+  ) {}
+
+  private readonly onAbort = (): void => {
+    this.settle(new RunnerConnectionError("Connecting to the runner was aborted"));
+    this.stop();
+  };
+
+  settle(outcome: Socket | Error): void {
+    if (this.settled) {
+      return;
+    }
+    this.settled = true;
+    this.cleanup();
+    this.signal?.removeEventListener("abort", this.onAbort);
+    if (outcome instanceof Error) {
+      this.reject(outcome);
+    } else {
+      this.resolve(outcome);
+    }
+  }
+
+  /** Start listening for the caller's abort (or act on one that already happened). */
+  watchAbort(): void {
+    if (this.signal?.aborted) {
+      this.onAbort();
+    } else {
+      this.signal?.addEventListener("abort", this.onAbort, { once: true });
+    }
+  }
+}
+
 function connectWithWs(
   WebSocket: NodeWsConstructor,
   url: string,
@@ -162,7 +203,6 @@ function connectWithWs(
   sink: SocketSink,
 ): Promise<Socket> {
   return new Promise<Socket>((resolve, reject) => {
-    let settled = false;
     let refusal: RunnerConnectionError | undefined;
     const ws = new WebSocket(url, {
       ...options.tls,
@@ -172,23 +212,7 @@ function connectWithWs(
       perMessageDeflate: false,
       followRedirects: false,
     });
-    const signal = options.signal;
-    const settle = (error?: Error): void => {
-      if (settled) {
-        return;
-      }
-      settled = true;
-      signal?.removeEventListener("abort", onAbort);
-      if (error) {
-        reject(error);
-      } else {
-        resolve(socket);
-      }
-    };
-    const onAbort = (): void => {
-      settle(new RunnerConnectionError("Connecting to the runner was aborted"));
-      ws.terminate();
-    };
+    const attempt = new Attempt(resolve, reject, options.signal, () => ws.terminate());
     const socket: Socket = {
       get isOpen() {
         return ws.readyState === 1;
@@ -216,7 +240,7 @@ function connectWithWs(
       response.resume();
       ws.terminate();
     });
-    ws.on("open", () => settle());
+    ws.on("open", () => attempt.settle(socket));
     ws.on("message", (data, isBinary) => {
       if (isBinary) {
         sink.binary();
@@ -230,8 +254,8 @@ function connectWithWs(
       sink.text(bytes.toString("utf8"));
     });
     ws.on("error", (error) => {
-      if (!settled) {
-        settle(
+      if (!attempt.settled) {
+        attempt.settle(
           refusal ??
             new RunnerConnectionError(
               `Could not connect to the runner at ${url}: ${error.message}`,
@@ -242,8 +266,8 @@ function connectWithWs(
       sink.error(error);
     });
     ws.on("close", (code, reason) => {
-      if (!settled) {
-        settle(
+      if (!attempt.settled) {
+        attempt.settle(
           refusal ??
             new RunnerConnectionError(`The runner at ${url} closed the connection (${code})`),
         );
@@ -251,11 +275,7 @@ function connectWithWs(
       }
       sink.closed(code, reason.toString("utf8"));
     });
-    if (signal?.aborted) {
-      onAbort();
-    } else {
-      signal?.addEventListener("abort", onAbort, { once: true });
-    }
+    attempt.watchAbort();
   });
 }
 
@@ -267,7 +287,6 @@ function connectWithPlatform(
   sink: SocketSink,
 ): Promise<Socket> {
   return new Promise<Socket>((resolve, reject) => {
-    let settled = false;
     let ws: WebSocketLike;
     try {
       ws = Object.keys(headers).length > 0 ? new WebSocket(url, { headers }) : new WebSocket(url);
@@ -280,28 +299,11 @@ function connectWithPlatform(
       return;
     }
     ws.binaryType = "arraybuffer";
-    const signal = options.signal;
     const timer = setTimeout(() => {
-      settle(new RunnerConnectionError(`Connecting to the runner at ${url} timed out`));
+      attempt.settle(new RunnerConnectionError(`Connecting to the runner at ${url} timed out`));
       ws.close();
     }, options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS);
-    const settle = (error?: Error): void => {
-      if (settled) {
-        return;
-      }
-      settled = true;
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", onAbort);
-      if (error) {
-        reject(error);
-      } else {
-        resolve(socket);
-      }
-    };
-    const onAbort = (): void => {
-      settle(new RunnerConnectionError("Connecting to the runner was aborted"));
-      ws.close();
-    };
+    const attempt = new Attempt(resolve, reject, options.signal, () => ws.close(), () => clearTimeout(timer));
     const socket: Socket = {
       get isOpen() {
         return ws.readyState === 1;
@@ -316,7 +318,7 @@ function connectWithPlatform(
       // A WHATWG WebSocket has no way to drop the connection without a closing handshake.
       terminate: () => ws.close(),
     };
-    ws.addEventListener("open", () => settle());
+    ws.addEventListener("open", () => attempt.settle(socket));
     ws.addEventListener("message", (event: { data: unknown }) => {
       if (typeof event.data === "string") {
         sink.text(event.data);
@@ -331,8 +333,8 @@ function connectWithPlatform(
           : typeof event.message === "string"
             ? event.message
             : "WebSocket error";
-      if (!settled) {
-        settle(
+      if (!attempt.settled) {
+        attempt.settle(
           new RunnerConnectionError(
             `Could not connect to the runner at ${url}: ${detail} (a refused handshake, such as 401 for a missing or wrong token, looks the same here)`,
           ),
@@ -342,8 +344,8 @@ function connectWithPlatform(
       sink.error(new Error(detail));
     });
     ws.addEventListener("close", (event: { code?: number; reason?: string }) => {
-      if (!settled) {
-        settle(
+      if (!attempt.settled) {
+        attempt.settle(
           new RunnerConnectionError(
             `The runner at ${url} closed the connection (${event.code ?? "no code"})`,
           ),
@@ -352,11 +354,7 @@ function connectWithPlatform(
       }
       sink.closed(event.code ?? 1006, event.reason ?? "");
     });
-    if (signal?.aborted) {
-      onAbort();
-    } else {
-      signal?.addEventListener("abort", onAbort, { once: true });
-    }
+    attempt.watchAbort();
   });
 }
 
