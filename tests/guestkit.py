@@ -109,9 +109,7 @@ def _run(
     for _ in range(1000):
         logs += out.logs
         if isinstance(out, ipc.Finished):
-            return ipc.Finished(
-                ok=out.ok, result=out.result, code=out.code, message=out.message, logs=logs, recycle=out.recycle
-            )
+            return ipc.Finished(ok=out.ok, result=out.result, code=out.code, message=out.message, logs=logs)
         assert out.calls, "guest stalled with no tool call pending"
         for call_id, provider, tool, raw in out.calls:
             value = UNDEFINED if raw is None else json.loads(raw)

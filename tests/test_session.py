@@ -122,7 +122,7 @@ def test_cancel_for_the_active_id_aborts_and_answers_timeout_within_the_grace() 
     done_actions = session.timer(session.deadline)
     (done,) = sent(done_actions)
     assert done["error"] == {"code": "timeout", "message": "Execution timed out"}
-    assert ReleaseWorker(reusable=False) in done_actions  # the worker did not answer: replace it
+    assert ReleaseWorker() in done_actions  # the slot is given up; the worker did nothing wrong
 
 
 def test_aborted_worker_that_answers_in_time_hands_over_its_logs_and_is_kept() -> None:
@@ -133,7 +133,7 @@ def test_aborted_worker_that_answers_in_time_hands_over_its_logs_and_is_kept() -
     answer = ipc.Finished(ok=False, result=None, code="timeout", message="Execution timed out", logs=["cleanup"])
     actions = session.worker_finished(answer, 0.202)
     assert sent(actions)[0]["logs"] == ["before", "cleanup"]
-    assert ReleaseWorker(reusable=True) in actions
+    assert ReleaseWorker() in actions
 
 
 def test_wall_clock_timeout_includes_waiting_for_tools() -> None:
@@ -145,23 +145,31 @@ def test_wall_clock_timeout_includes_waiting_for_tools() -> None:
 
 def test_worker_loss_is_internal_error() -> None:
     session = started_session()
-    (done,) = sent(session.worker_lost(0.1))
+    actions = session.worker_lost(0.1)
+    (done,) = sent(actions)
     assert done["error"]["code"] == "internal_error"
+    assert ReleaseWorker() in actions  # it died: nothing to hold against it
 
 
 def test_worker_cannot_call_tools_outside_the_manifest_or_repeat_call_ids() -> None:
     session = started_session()
-    (done,) = sent(session.worker_tool_calls(ipc.ToolCalls(calls=[(1, "tools", "secret", None)], logs=[]), 0.1))
+    actions = session.worker_tool_calls(ipc.ToolCalls(calls=[(1, "tools", "secret", None)], logs=[]), 0.1)
+    (done,) = sent(actions)
     assert done["error"]["code"] == "internal_error"
+    assert ReleaseWorker(misbehaved=True) in actions  # it may be taken over: it hosts nothing more
     session = started_session()
     session.worker_tool_calls(calls(1), 0.1)
-    assert sent(session.worker_tool_calls(calls(1), 0.2))[0]["type"] == "done"
+    actions = session.worker_tool_calls(calls(1), 0.2)
+    assert sent(actions)[0]["type"] == "done"
+    assert ReleaseWorker(misbehaved=True) in actions
 
 
 def test_worker_results_must_be_json() -> None:
     session = started_session()
-    (done,) = sent(session.worker_finished(finished_ok(result=b'1, "ok": true'), 0.1))
+    actions = session.worker_finished(finished_ok(result=b'1, "ok": true'), 0.1)
+    (done,) = sent(actions)
     assert done["error"]["code"] == "internal_error"
+    assert ReleaseWorker(misbehaved=True) in actions
 
 
 def test_malformed_execute_with_an_id_gets_validation_error_and_session_stays_usable() -> None:
@@ -200,9 +208,7 @@ def test_transport_close_releases_the_worker_without_a_done() -> None:
     session = started_session()
     actions = session.transport_closed(0.5)
     assert (
-        actions[0] == ReleaseWorker(reusable=False)
-        and isinstance(actions[1], ExecutionEnded)
-        and actions[1].outcome == "abandoned"
+        actions[0] == ReleaseWorker() and isinstance(actions[1], ExecutionEnded) and actions[1].outcome == "abandoned"
     )
     assert session.worker_finished(finished_ok(), 0.1) == []
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,7 +87,14 @@ def test_a_worker_message_over_the_frame_bound_is_internal_error(daemon: Daemon)
 @pytest.mark.parametrize("code", ["'deep result'", "await tools.echo('deep input')"])
 def test_deep_json_from_a_worker_is_internal_error(daemon: Daemon, code: str) -> None:
     with client(daemon.url) as ws:
+        before = set(daemon.workers())
         done = run_to_done(ws, "e1", code)
         assert (done["ok"], done["error"]["code"]) == (False, "internal_error")
         assert "deeper than" in done["error"]["message"]
+        # The worker that sent it may be taken over: it is killed, not given more executions.
+        for _ in range(200):
+            if not before <= set(daemon.workers()):
+                break
+            time.sleep(0.05)
+        assert not before <= set(daemon.workers())
         assert run_to_done(ws, "e2", "[[[1]]]")["result"] == [[[1]]]  # the daemon is alive

@@ -248,7 +248,7 @@ class Connection:
             elif isinstance(action, SendToWorker):
                 await self._to_worker(action.message)
             elif isinstance(action, ReleaseWorker):
-                self._release()
+                self._release(action.misbehaved)
             elif isinstance(action, CloseTransport):
                 await self._close(action.code, action.reason)
             elif isinstance(action, ExecutionEnded):
@@ -277,7 +277,7 @@ class Connection:
         """Actions that need no I/O (used once the transport is gone)."""
         for action in actions:
             if isinstance(action, ReleaseWorker):
-                self._release()
+                self._release(action.misbehaved)
             elif isinstance(action, ExecutionEnded):
                 self._observe(action)
 
@@ -371,7 +371,7 @@ class Connection:
         except WorkerLost:
             pass  # its reader sees the loss and reports it
 
-    def _release(self) -> None:
+    def _release(self, misbehaved: bool) -> None:
         lease, self.lease = self.lease, None
         # Another task (timer, host frame) stops the relay; the relay itself just
         # returns after finishing its own actions, which must not be cut short.
@@ -379,7 +379,7 @@ class Connection:
             self._execution_scope.cancel()
         self._execution_scope = None
         if lease is not None:
-            self.pool.release(lease)
+            self.pool.release(lease, misbehaved=misbehaved)
 
     # ------------------------------------------------------------------ timer
 

@@ -409,9 +409,13 @@ class WorkerPool:
             finally:
                 self.waiting -= 1
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease, *, misbehaved: bool = False) -> None:
         """The execution no longer needs its slot. One that has not finished is aborted and
-        abandoned: the worker has ``abandon_grace`` to finish it before it is killed."""
+        abandoned (see ``_abandon``). A worker that ``misbehaved`` (sent something invalid) may
+        be taken over: it is killed, and the executions it hosts end with ``internal_error``."""
+        if misbehaved and lease.worker.alive:
+            log.warning("worker %d sent an invalid message; killing it", lease.worker.pid)
+            lease.worker.kill()
         if lease.finished or not lease.worker.alive:
             self._forget(lease)
             return

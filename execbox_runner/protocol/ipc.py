@@ -59,14 +59,13 @@ class ToolCalls(Struct, array_like=True, tag=10):
 
 
 class Finished(Struct, array_like=True, tag=11):
-    """The execution ended; ``recycle`` asks the pool to replace this worker."""
+    """The execution ended."""
 
     ok: bool
     result: bytes | None
     code: ErrorCode | None
     message: str
     logs: list[str]
-    recycle: bool = False
 
 
 class Ready(Struct, array_like=True, tag=12):

@@ -70,9 +70,10 @@ class SendToWorker:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseWorker:
-    """The execution no longer needs its worker; reuse it only if ``reusable``."""
+    """The execution no longer needs its worker slot. ``misbehaved``: the worker sent something
+    invalid, so it may be taken over and must host nothing more."""
 
-    reusable: bool
+    misbehaved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +202,7 @@ class Session:
         self.phase = Phase.CLOSED
         if ex is None:
             return []
-        return [ReleaseWorker(reusable=False), _record(ex, now, "abandoned", None)]
+        return [ReleaseWorker(), _record(ex, now, "abandoned", None)]
 
     def _execute(self, message: Execute, now: float) -> list[Action]:
         if self._exec is not None:
@@ -284,16 +285,14 @@ class Session:
         last word for its id, so the active execution ends with it."""
         assert self._exec is not None
         if exec_id == self._exec.id:
-            return self._conclude(now, ReleaseWorker(reusable=False), "internal_error", ALREADY_ACTIVE_MESSAGE)
+            return self._conclude(now, ReleaseWorker(), "internal_error", ALREADY_ACTIVE_MESSAGE)
         return _rejected(exec_id, "internal_error", ALREADY_ACTIVE_MESSAGE)
 
     def _fail_and_close(self, now: float, code: int, reason: str) -> list[Action]:
         """A frame nobody can act on: fail the active execution, then close."""
         actions: list[Action] = []
         if self._exec is not None:
-            actions = self._conclude(
-                now, ReleaseWorker(reusable=False), "validation_error", f"Protocol error: {reason}"
-            )
+            actions = self._conclude(now, ReleaseWorker(), "validation_error", f"Protocol error: {reason}")
         self.phase = Phase.CLOSED
         actions.append(CloseTransport(code, _close_reason(reason)))
         return actions
@@ -310,11 +309,11 @@ class Session:
         actions: list[Action] = []
         for call_id, provider, tool, input_json in message.calls:
             if call_id in ex.issued or (provider, tool) not in ex.tools:
-                return self.worker_lost(now, "worker sent an invalid tool call")
+                return self.worker_lost(now, "worker sent an invalid tool call", misbehaved=True)
             try:
                 tool_input = UNSET if input_json is None else checked_json(input_json)
             except BadJSON as exc:
-                return self.worker_lost(now, f"worker sent an invalid tool input ({exc})")
+                return self.worker_lost(now, f"worker sent an invalid tool input ({exc})", misbehaved=True)
             ex.issued.add(call_id)
             call = f"call-{call_id}"
             ex.pending[call] = (call_id, now)
@@ -328,26 +327,28 @@ class Session:
         if ex is None:
             return []
         ex.add_logs(message.logs)
-        release = ReleaseWorker(reusable=not message.recycle)
+        release = ReleaseWorker()
         if self.phase is Phase.ABORTING:
             return self._finish_timeout(now, release)
         if message.ok:
             try:
                 result = UNSET if message.result is None else checked_json(message.result)
             except BadJSON as exc:
-                return self.worker_lost(now, f"worker sent an invalid result ({exc})")
+                return self.worker_lost(now, f"worker sent an invalid result ({exc})", misbehaved=True)
             return self._conclude(now, release, result=result)
         code = message.code or "internal_error"
         if code == "timeout":
             return self._finish_timeout(now, release)
         return self._conclude(now, release, code, message.message)
 
-    def worker_lost(self, now: float, detail: str = "worker process exited unexpectedly") -> list[Action]:
+    def worker_lost(
+        self, now: float, detail: str = "worker process exited unexpectedly", *, misbehaved: bool = False
+    ) -> list[Action]:
         """The worker died or misbehaved: ``internal_error``, or ``timeout`` if already aborting."""
         ex = self._exec
         if ex is None:
             return []
-        release = ReleaseWorker(reusable=False)
+        release = ReleaseWorker(misbehaved=misbehaved)
         if self.phase is Phase.ABORTING:
             return self._finish_timeout(now, release)
         return self._conclude(now, release, "internal_error", f"Runner failure: {detail}")
@@ -360,7 +361,7 @@ class Session:
         if self.phase is Phase.RUNNING:
             return self._abort(now, self.timeout_grace)
         if self.phase is Phase.ABORTING:
-            return self._finish_timeout(now, ReleaseWorker(reusable=False))
+            return self._finish_timeout(now, ReleaseWorker())
         return []
 
     def _abort(self, now: float, grace: float) -> list[Action]:

@@ -191,7 +191,6 @@ class GuestRun:
                 code=after.code,
                 message=after.message,
                 logs=logs + after.logs,
-                recycle=after.recycle,
             )
         return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
 
@@ -285,7 +284,7 @@ class GuestRun:
         if interrupted:
             return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
         code, message = escaped_failure(text, self.program, refused=self._refused())
-        return self._finish(False, None, code, message, logs, recycle=isinstance(exc, quickjs.StackOverflow))
+        return self._finish(False, None, code, message, logs)
 
     def _salvage_logs(self) -> list[str]:
         """Best effort: the lines logged before an engine failure, if the runtime can still say."""
@@ -297,15 +296,7 @@ class GuestRun:
             return []
 
     def _finish(
-        self,
-        ok: bool,
-        result: bytes | None,
-        code: ErrorCode | None,
-        message: str,
-        logs: list[str],
-        *,
-        recycle: bool = False,
+        self, ok: bool, result: bytes | None, code: ErrorCode | None, message: str, logs: list[str]
     ) -> ipc.Finished:
-        recycle = recycle or code in ("timeout", "memory_limit")
-        self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs, recycle=recycle)
+        self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs)
         return self.finished
