@@ -10,6 +10,8 @@ from websockets.exceptions import InvalidStatus
 from execbox_runner.daemon import cli, config
 
 from .daemonkit import client, run_to_done, running_daemon
+from .test_dashboards import scrape
+from .test_operations import metric
 
 
 def settings(*argv: str, environ: dict[str, str] | None = None) -> config.Settings:
@@ -37,3 +39,4 @@ def test_the_daemon_runs_with_a_config_file(tmp_path: Path) -> None:
         with pytest.raises(InvalidStatus):
             client(d.url)
         assert run_to_done(ws, "cfg", "5")["result"] == 5
+        assert metric(scrape(d.url), "execbox_max_sessions") == 1

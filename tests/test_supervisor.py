@@ -48,7 +48,7 @@ def tree(root: int) -> list[int]:
 
 
 def test_shards_share_the_port_metrics_and_the_drain() -> None:
-    with running_daemon("--processes", "2", "--warm-workers", "2") as d:
+    with running_daemon("--processes", "2", "--warm-workers", "2", "--max-sessions", "7") as d:
         shards = shards_of(d.process.pid)
         assert len(shards) == 2
         for index in range(12):
@@ -59,6 +59,8 @@ def test_shards_share_the_port_metrics_and_the_drain() -> None:
             status, body = get(http(d.url, "/metrics"))
             assert status == 200
             assert 'execbox_executions_total{code="",outcome="ok"} 12.0' in body
+            # Each shard admits its share, rounded up (4): together they admit 8.
+            assert "\nexecbox_max_sessions 8.0\n" in body
         processes = [d.process.pid, *tree(d.process.pid)]
         assert stop(d.process, signal.SIGTERM) == 0
         assert not [pid for pid in processes if os.path.exists(f"/proc/{pid}") and process_state(pid) != "Z"]

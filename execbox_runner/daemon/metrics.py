@@ -8,7 +8,9 @@ has its own registry.
 Shards of one daemon (``supervisor.py``) share a directory: counters and
 histograms go there through prometheus-client's multiprocess mode, and each
 shard publishes its live state there, so ``/metrics`` from any shard is the
-whole daemon's.
+whole daemon's: its gauges are the shards' sums (``execbox_max_sessions`` is
+the sum of the shards' shares, so it compares with ``execbox_active_sessions``
+as the shards together admit).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class LiveState:
     """What the daemon reports at scrape time."""
 
     sessions: int
+    max_sessions: int
     idle_workers: int
     busy_workers: int
     starting_workers: int
@@ -74,6 +77,11 @@ class _Live(Collector):
     def collect(self) -> Iterator[Metric]:
         state = self.read()
         yield GaugeMetricFamily("execbox_active_sessions", "Open WebSocket sessions.", value=state.sessions)
+        yield GaugeMetricFamily(
+            "execbox_max_sessions",
+            "Most concurrent sessions admitted (--max-sessions as in force); beyond it handshakes get 503 busy.",
+            value=state.max_sessions,
+        )
         workers = GaugeMetricFamily("execbox_pool_workers", "Worker processes by state.", labels=["state"])
         workers.add_metric(["idle"], state.idle_workers)
         workers.add_metric(["busy"], state.busy_workers)
@@ -188,6 +196,7 @@ class Metrics:
                 refused[reason] = refused.get(reason, 0) + count
         return LiveState(
             sessions=sum(s.sessions for s in states),
+            max_sessions=sum(s.max_sessions for s in states),
             idle_workers=sum(s.idle_workers for s in states),
             busy_workers=sum(s.busy_workers for s in states),
             starting_workers=sum(s.starting_workers for s in states),

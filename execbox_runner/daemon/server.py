@@ -282,6 +282,7 @@ class Daemon:
         pool = self.pool
         return LiveState(
             sessions=self.state.sessions,
+            max_sessions=self.state.max_sessions,
             idle_workers=sum(1 for worker in pool.workers if not worker.leases),
             busy_workers=sum(1 for worker in pool.workers if worker.leases),
             starting_workers=pool.starting,
