@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from execbox_runner.daemon.endpoints import REFUSAL_LINES_BURST, REFUSAL_LINES_PER_S
 from execbox_runner.daemon.server import MAX_HANDSHAKES
 
 from .daemonkit import Daemon, children_of, client, execute, receive, run_to_done, running_daemon
@@ -230,4 +231,16 @@ def test_idle_handshakes_are_bounded_and_the_oldest_are_shed_first() -> None:
         metrics = exchange(d, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").decode()
         shed = re.search(r'execbox_rejected_handshakes_total\{reason="shed"\} (\S+)', metrics)
         assert shed is not None and float(shed.group(1)) >= FLOOD_CONNECTIONS - MAX_HANDSHAKES
+        # Each shed connection is a line naming its peer, or part of a summary line: a few a second.
+        deadline = time.monotonic() + SOCKET_TIMEOUT_S
+        while True:
+            lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+            logged = [line for line in lines if line.get("refusal") == "shed" and "suppressed" not in line]
+            suppressed = sum(line.get("suppressed", 0) for line in lines if line.get("refusal") == "shed")
+            if len(logged) + suppressed >= float(shed.group(1)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(logged) + suppressed == float(shed.group(1))
+        assert 0 < len(logged) <= REFUSAL_LINES_BURST + REFUSAL_LINES_PER_S * 30
+        assert all(line["peer"].startswith("127.0.0.1:") for line in logged)
         assert_no_error_logged(d)

@@ -8,12 +8,19 @@ constant time), an Origin not allowed or repeated (403), or a daemon that cannot
 session now (draining, or at its maximum of concurrent sessions: 503 with
 ``Retry-After``). All of this happens before any session exists: a host is
 never accepted and then starved. Everything else becomes a session.
+
+Every refusal is counted (``/metrics``) and logged with its peer, but a flood
+must not fill the disk: ``Refusals`` writes a few lines a second per reason
+and sums up the rest in one line a second.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -22,9 +29,84 @@ from websockets.http11 import Request, Response
 
 from .metrics import CONTENT_TYPE, Metrics
 
+log = logging.getLogger(__name__)
+
 RETRY_AFTER_S: Final = 1
 # New sessions are refused once the process tree holds this share of the memory budget.
 ADMIT_MEMORY_SHARE: Final = 0.9
+# Why a handshake was refused (the ``reason`` label of execbox_rejected_handshakes_total), as logged.
+REFUSALS: Final = {
+    "unauthorized": "no valid bearer token",
+    "origin": "Origin not allowed",
+    "draining": "draining",
+    "busy": "at the maximum of concurrent sessions",
+    "memory": "near the memory budget",
+    "shed": "closed unanswered to make room for newer connections",
+}
+# Refusal lines per reason: this many a second on average, at most this many at once.
+REFUSAL_LINES_PER_S: Final = 5.0
+REFUSAL_LINES_BURST: Final = 10
+# How often the refusals left unlogged are summed up (by the server).
+REFUSAL_SUMMARY_S: Final = 1.0
+
+
+class TokenBucket:
+    """At most ``rate`` events a second on average and ``burst`` at once: a bucket of
+    ``burst`` tokens refilled continuously, one token an event."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._tokens = float(burst)
+        self._at = clock()
+
+    def take(self) -> bool:
+        """Whether an event may happen now (and spend its token)."""
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+class Refusals:
+    """Refused handshakes: every one counted (for ``/metrics``), each logged with its peer,
+    a few lines a second per reason; ``summarize`` (called once a second) adds one line
+    for each reason whose lines were suppressed, so a flood costs a bounded log."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.counts = dict.fromkeys(REFUSALS, 0)
+        self._lines = {reason: TokenBucket(REFUSAL_LINES_PER_S, REFUSAL_LINES_BURST, clock) for reason in REFUSALS}
+        self._suppressed = dict.fromkeys(REFUSALS, 0)
+
+    def refuse(self, reason: str, peer: str) -> None:
+        self.counts[reason] += 1
+        if self._lines[reason].take():
+            log.info(
+                "refused a handshake from %s: %s (%s)",
+                peer or "an unknown peer",
+                reason,
+                REFUSALS[reason],
+                extra={"refusal": reason, "peer": peer},
+            )
+        else:
+            self._suppressed[reason] += 1
+
+    def summarize(self) -> None:
+        """One line per reason for the refusals not logged since the last summary."""
+        for reason, count in self._suppressed.items():
+            if count:
+                log.warning(
+                    "suppressed %d refusals (%s): more than %g lines a second",
+                    count,
+                    reason,
+                    REFUSAL_LINES_PER_S,
+                    extra={"refusal": reason, "suppressed": count},
+                )
+                self._suppressed[reason] = 0
 
 
 @dataclass
@@ -40,9 +122,7 @@ class DaemonState:
     sessions: int = 0
     draining: bool = False
     pool_ready: bool = False
-    refused: dict[str, int] = field(
-        default_factory=lambda: {"unauthorized": 0, "origin": 0, "draining": 0, "busy": 0, "memory": 0, "shed": 0}
-    )
+    refusals: Refusals = field(default_factory=Refusals)
     memory_budget: int = 1 << 62  # bytes the daemon, its zygote and its workers may hold
     memory_used: int = 0  # their resident memory, sampled by the server
 
@@ -93,8 +173,10 @@ def bad_request(message: str) -> Response:
     return _json(400, "Bad Request", {"error": "bad_request", "message": message})
 
 
-def route(request: Request, state: DaemonState) -> Response | None:
-    """The response to a non-session request or a refused handshake; None to accept a session."""
+def route(request: Request, state: DaemonState, *, peer: str = "") -> Response | None:
+    """The response to a non-session request or a refused handshake; None to accept a session.
+
+    ``peer`` (``host:port``) is what a refusal's log line names."""
     path = request.path.split("?", 1)[0]
     if path == "/healthz":
         return _json(
@@ -132,7 +214,7 @@ def route(request: Request, state: DaemonState) -> Response | None:
     # handshake is refused rather than judged by one of them.
     authorizations = request.headers.get_all("Authorization")
     if state.tokens and not (len(authorizations) == 1 and _authorized(authorizations[0], state.tokens)):
-        state.refused["unauthorized"] += 1
+        state.refusals.refuse("unauthorized", peer)
         return _json(
             401,
             "Unauthorized",
@@ -144,7 +226,7 @@ def route(request: Request, state: DaemonState) -> Response | None:
         )
     origins = request.headers.get_all("Origin")
     if state.allowed_origins and (len(origins) > 1 or not state.allowed_origins.issuperset(origins)):
-        state.refused["origin"] += 1
+        state.refusals.refuse("origin", peer)
         return _json(403, "Forbidden", {"error": "origin", "message": f"origin {', '.join(origins)!r} is not allowed"})
     if state.draining:
         refusal, message = "draining", "the runner is shutting down"
@@ -154,7 +236,7 @@ def route(request: Request, state: DaemonState) -> Response | None:
         refusal, message = "memory", "the runner is near its memory budget"
     else:
         return None
-    state.refused[refusal] += 1
+    state.refusals.refuse(refusal, peer)
     return _json(
         503, "Service Unavailable", {"error": refusal, "message": message}, [("Retry-After", str(RETRY_AFTER_S))]
     )

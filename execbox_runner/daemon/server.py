@@ -30,7 +30,7 @@ from .. import __version__
 from ..worker import native, sandbox
 from .config import Settings
 from .connection import Connection
-from .endpoints import DaemonState
+from .endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
@@ -168,9 +168,9 @@ class Handshakes:
     of idle connections sheds its own members, and a host behind it gets through.
     """
 
-    def __init__(self, limit: int, refused: dict[str, int]) -> None:
+    def __init__(self, limit: int, refusals: Refusals) -> None:
         self._limit = limit
-        self._refused = refused  # the daemon's count of refused handshakes, by reason
+        self._refusals = refusals  # the daemon's refused handshakes: counted and logged
         self._waiting: dict[trio.SocketStream, None] = {}  # insertion order: oldest first
 
     def add(self, tcp: trio.SocketStream) -> None:
@@ -187,11 +187,20 @@ class Handshakes:
             return False
         tcp = next(iter(self._waiting))
         del self._waiting[tcp]
+        self._refusals.refuse("shed", peer_of(tcp))
         # Closed now, not by its task: the descriptor is free for the next accept at once,
         # and the task waiting on it sees ClosedResourceError.
         tcp.socket.close()
-        self._refused["shed"] += 1
         return True
+
+
+def peer_of(tcp: trio.SocketStream) -> str:
+    """``host:port`` of the connection's peer; empty if it is already gone."""
+    try:
+        host, port = tcp.socket.getpeername()[:2]
+    except OSError:
+        return ""
+    return f"{host}:{port}"
 
 
 def handshake_limit(open_files: int) -> int:
@@ -276,7 +285,7 @@ class Daemon:
         self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
         self.connections: set[Connection] = set()
         # Every daemon process raises its own descriptor limit (a supervisor's shards too).
-        self.handshakes = Handshakes(handshake_limit(raise_open_files()), self.state.refused)
+        self.handshakes = Handshakes(handshake_limit(raise_open_files()), self.state.refusals)
 
     def _live_state(self) -> LiveState:
         pool = self.pool
@@ -287,7 +296,7 @@ class Daemon:
             busy_workers=sum(1 for worker in pool.workers if worker.leases),
             starting_workers=pool.starting,
             worker_exits=pool.exits,
-            refused=dict(self.state.refused),
+            refused=dict(self.state.refusals.counts),
             draining=self.state.draining,
             memory_used_bytes=self.state.memory_used,
             memory_budget_bytes=self.state.memory_budget,
@@ -308,6 +317,7 @@ class Daemon:
             listeners = await listen(self.settings.host, self.settings.port, reuse_port=is_shard())
             host, port = listeners[0].socket.getsockname()[:2]
             nursery.start_soon(self._sample_memory)
+            nursery.start_soon(self._summarize_refusals)
             if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
                 nursery.start_soon(self._publish_live_state)
             task_status.started((host, port))
@@ -336,6 +346,15 @@ class Daemon:
             self.state.memory_used = resident_bytes([os.getpid(), *self.pool.pids])
             await trio.sleep(MEMORY_SAMPLE_INTERVAL_S)
 
+    async def _summarize_refusals(self) -> None:
+        """Once a second, one line per reason for the refusals a flood kept out of the log."""
+        try:
+            while True:
+                await trio.sleep(REFUSAL_SUMMARY_S)
+                self.state.refusals.summarize()
+        finally:
+            self.state.refusals.summarize()  # also those of the last second before a stop
+
     async def _publish_live_state(self) -> None:
         """Shards: keep this process's live state where every shard's /metrics reads it."""
         assert self.state.metrics is not None
@@ -361,13 +380,14 @@ class Daemon:
             if scope.cancelled_caught:
                 await tcp.aclose()
                 return
-        try:
-            host, port = tcp.socket.getpeername()[:2]
-            peer = f"{host}:{port}"
-        except OSError:
-            peer = ""
         connection = Connection(
-            stream, self.pool, self.settings, self.state, lambda: self.handshakes.finished(tcp), peer, self.record_dir
+            stream,
+            self.pool,
+            self.settings,
+            self.state,
+            lambda: self.handshakes.finished(tcp),
+            peer_of(tcp),
+            self.record_dir,
         )
         self.connections.add(connection)
         try:
