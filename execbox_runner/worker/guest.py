@@ -99,9 +99,11 @@ class GuestRun:
     running now, so that ``abort`` can follow without waiting for it.
     """
 
-    def __init__(self, run: ipc.Run, runtime: Runtime | None = None) -> None:
+    def __init__(self, run: ipc.Run, runtime: Runtime | None = None, *, arrived: float | None = None) -> None:
+        """``arrived``: when the worker received ``run`` (``time.monotonic()``), where its budget
+        starts; a run may wait for a runner thread, and that wait is part of its timeout."""
         self.run = run
-        self.deadline = time.monotonic() + run.budget_s
+        self.deadline = (time.monotonic() if arrived is None else arrived) + run.budget_s
         runtime = runtime or fresh_runtime()
         self.context = runtime.context
         self.api = runtime.api
@@ -129,7 +131,7 @@ class GuestRun:
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         except _Interrupted:
-            return _NO_PROGRESS
+            return self._interrupted()
         return self.step()
 
     def _parse_alone(self) -> None:
@@ -159,7 +161,7 @@ class GuestRun:
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         except _Interrupted:
-            return _NO_PROGRESS
+            return self._interrupted()
         if outcome is not None:
             return self._outcome(outcome, logs)
         forwarded: list[tuple[int, str, str, bytes | None]] = []
@@ -220,6 +222,14 @@ class GuestRun:
             native.poke(self.context)
             return True
 
+    def _interrupted(self) -> ipc.ToolCalls | ipc.Finished:
+        """Stopped from another thread. At its deadline the worker ends the execution itself, as
+        the daemon's Abort would (the guest unwinds, its logs kept), so that a ``done`` need not
+        wait for that Abort; before it, an Abort is on its way and collects the logs."""
+        if time.monotonic() >= self.deadline:
+            return self.abort()
+        return _NO_PROGRESS
+
     def _stop_interrupts(self) -> None:
         """Before the last engine calls of an execution: no more pokes, they would cut those short."""
         with self._interrupt_lock:
@@ -279,7 +289,7 @@ class GuestRun:
         text = str(exc)
         interrupted = text.split("\n", 1)[0] == "InternalError: interrupted"
         if interrupted and self.interrupt_requested:
-            return _NO_PROGRESS  # stopped for an abort, which collects the logs
+            return self._interrupted()
         logs = self._salvage_logs()
         if interrupted:
             return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)

@@ -64,6 +64,7 @@ class Hosted:
     """One execution hosted by this worker: its guest and the messages it has yet to take."""
 
     slot: int
+    arrived: float  # when its Run arrived: its deadline counts from then, not from a runner taking it
     guest: GuestRun | None = None
     mailbox: collections.deque[ipc.ToWorker] = field(default_factory=collections.deque)
     scheduled: bool = False  # a runner thread owns this slot until its mailbox is empty
@@ -174,7 +175,7 @@ class Worker:
                 if isinstance(message, ipc.Run):
                     if hosted is not None:
                         continue  # the daemon never reuses a live slot: drop the duplicate
-                    hosted = self.hosted[slot] = Hosted(slot)
+                    hosted = self.hosted[slot] = Hosted(slot, time.monotonic())
                 elif hosted is None:
                     continue  # a late Settle/Abort for an execution that already finished
                 unstarted = isinstance(message, ipc.Abort) and isinstance(next(iter(hosted.mailbox), None), ipc.Run)
@@ -223,7 +224,7 @@ class Worker:
         if isinstance(message, ipc.Run):
             with self.lock:  # the prepared runtime is for exactly one execution
                 runtime, self.spare = self.spare, None
-            guest = GuestRun(message, runtime)
+            guest = GuestRun(message, runtime, arrived=hosted.arrived)
             with self.lock:
                 hosted.guest = guest
                 aborting = hosted.aborting
