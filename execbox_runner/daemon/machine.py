@@ -39,6 +39,26 @@ def memory_bytes() -> int:
     raise OSError("cannot read the machine's memory from /proc/meminfo")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, cpusets), capped by a
+    cgroup CPU quota (v2 ``cpu.max`` or v1 ``cfs_quota_us``) rounded up; never fewer than 1."""
+    cores = len(os.sched_getaffinity(0))
+    for quota_file, period_file in (
+        (Path("/sys/fs/cgroup/cpu.max"), None),
+        (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us")),
+    ):
+        try:
+            fields = quota_file.read_text().split()
+            if period_file is not None:
+                fields.append(period_file.read_text().strip())
+            quota, period = int(fields[0]), int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue  # absent, or "max": no quota
+        if quota > 0 and period > 0:
+            cores = min(cores, -(-quota // period))
+    return max(1, cores)
+
+
 def raise_open_files() -> int:
     """Raise the soft descriptor limit to the hard one; the limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
