@@ -64,6 +64,8 @@ def probed() -> Iterator[tuple[ipc.Probed, int]]:
         "subprocess",
         "signal_init",
         "ptrace_init",
+        "unshare",
+        "mount",
         "raise_nofile",
         "raise_cpu",
         "lower_cpu",
@@ -111,6 +113,7 @@ def test_the_worker_drops_root_and_leaves_the_network(probed: tuple[ipc.Probed, 
         pytest.skip("not running as root: nothing to drop, and no network namespace without privileges")
     assert report.outcomes["uid"] == str(sandbox.NOBODY)
     assert "network_namespace" not in report.missing, "could not create a network namespace on this host"
+    assert report.outcomes["network"] == CAPABILITIES.network_mechanism == "netns"  # root needs no user namespace
     assert report.missing == []
 
 

@@ -7,7 +7,9 @@ or write files, because the kernel refuses.
 
 ``confine`` applies, in order (each step needs the ones before it):
 
-1. a new, empty network namespace (no interfaces up: nothing is reachable);
+1. a new, empty network namespace (no interfaces up: nothing is reachable); when the
+   daemon's user may not create one (not root), inside a new user namespace, where the
+   kernel allows an unprivileged one, with every capability it grants dropped again;
 2. dropping to an unprivileged user (``nobody``) when running as root;
 3. closing every inherited file descriptor except the worker's channel;
 4. resource limits: an address-space backstop above the QuickJS memory
@@ -23,7 +25,8 @@ or write files, because the kernel refuses.
    installed with TSYNC, so it covers all the worker's threads.
 
 ``capabilities()`` tells, without changing anything, which of these this host
-can enforce, so the daemon can warn about the rest and report them.
+can enforce, so the daemon can warn about the rest and report them, and
+``network_mechanism()`` how the network namespace is made.
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ from typing import Final
 
 NOBODY: Final = 65534
 CLONE_NEWNET: Final = 0x40000000
+CLONE_NEWUSER: Final = 0x10000000
+PR_CAPBSET_DROP: Final = 24
 PR_SET_NO_NEW_PRIVS: Final = 38
+LINUX_CAPABILITY_VERSION_3: Final = 0x20080522
 SYS_SECCOMP_X86_64: Final = 317
 SECCOMP_SET_MODE_FILTER: Final = 1
 SECCOMP_FILTER_FLAG_TSYNC: Final = 1
@@ -83,6 +89,11 @@ PROT_WRITE: Final = 2
 PROT_EXEC: Final = 4
 MAP_PRIVATE_ANONYMOUS: Final = 0x22
 
+# How workers are kept off the network: a network namespace made with CAP_SYS_ADMIN (root);
+# one made inside a new user namespace (no privileges needed where the kernel allows it); none.
+NETWORK_MECHANISMS: Final = ("netns", "userns+netns", "none")
+ISOLATION_FAILED: Final = 71  # EX_OSERR: a worker's exit status when it cannot make its namespace
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -93,6 +104,7 @@ class Capabilities:
     drop_privileges: bool
     running_as_root: bool
     rlimits: bool
+    network_mechanism: str  # one of NETWORK_MECHANISMS
 
 
 @dataclass(frozen=True)
@@ -197,6 +209,7 @@ def capabilities() -> Capabilities:
         os.close(read_end)
         missing = isolate()
         bits = (0 if "network_namespace" in missing else 1) | (2 if root and "drop_privileges" not in missing else 0)
+        bits |= 16 if _network == "userns+netns" else 0
         try:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             bits |= 4
@@ -218,7 +231,14 @@ def capabilities() -> Capabilities:
         drop_privileges=bool(bits & 2),
         running_as_root=root,
         rlimits=bool(bits & 4),
+        network_mechanism="none" if not bits & 1 else "userns+netns" if bits & 16 else "netns",
     )
+
+
+def network_mechanism(enabled: bool) -> str:
+    """How workers get their network namespace on this host with the sandbox ``enabled`` or not:
+    one of ``NETWORK_MECHANISMS``, learnt by ``capabilities()``'s probe (this process never unshares)."""
+    return capabilities().network_mechanism if enabled else "none"
 
 
 def close_inherited_fds(keep: int) -> None:
@@ -257,6 +277,7 @@ def seal_executable_mappings() -> None:
 
 
 _isolated: list[str] | None = None  # once isolate() ran in this process: what it could not apply
+_network = "none"  # how isolate() kept this process off the network: one of NETWORK_MECHANISMS
 
 
 def isolate() -> list[str]:
@@ -264,13 +285,28 @@ def isolate() -> list[str]:
 
     One empty network namespace for all workers isolates as well as one each
     (they cannot open sockets at all), and spares the kernel a namespace set-up
-    and tear-down per worker. Returns what could not be applied.
+    and tear-down per worker. Returns what could not be applied to this process.
+
+    Without root the namespace is made inside a user namespace, which the kernel
+    gives only to a single-threaded process. A process with threads (the zygote:
+    the quickjs package starts one at import) stays outside, and every child it
+    forks from now on, single-threaded at that moment, makes its own (about 1 ms
+    more per fork) or exits: a throwaway child proves first that this works.
     """
-    global _isolated
+    global _isolated, _network
     missing: list[str] = []
-    if _libc().unshare(CLONE_NEWNET) != 0:
+    root = os.geteuid() == 0
+    if _libc().unshare(CLONE_NEWNET) == 0:
+        _network = "netns"
+    elif ctypes.get_errno() == errno.EPERM and not root:
+        refused = _unshare_user_and_network()
+        if refused == 0:
+            _network = "userns+netns"
+        elif refused == errno.EINVAL and _succeeds_in_child(lambda: _unshare_user_and_network() == 0):
+            os.register_at_fork(after_in_child=_isolate_child)
+    if _network == "none":
         missing.append("network_namespace")
-    if os.geteuid() == 0:
+    if root:
         try:
             os.setgroups([])
             os.setgid(NOBODY)
@@ -279,6 +315,80 @@ def isolate() -> list[str]:
             missing.append("drop_privileges")
     _isolated = missing
     return missing
+
+
+def _isolate_child() -> None:
+    """In a child just forked by a process with threads: the user and network namespace its parent
+    could not enter. A child that cannot make one exits rather than run guest code without it."""
+    global _network
+    try:
+        refused = _unshare_user_and_network()
+    except OSError:  # capset: the namespace's capabilities would be kept
+        refused = -1
+    if refused != 0:
+        os.write(2, b"execbox worker: cannot make its user and network namespace; exiting\n")
+        os._exit(ISOLATION_FAILED)
+    _network = "userns+netns"
+    if _isolated is not None and "network_namespace" in _isolated:
+        _isolated.remove("network_namespace")
+
+
+def _succeeds_in_child(action: Callable[[], bool]) -> bool:
+    """Whether ``action`` returns true in a throwaway child process."""
+    pid = os.fork()
+    if pid == 0:
+        succeeded = False
+        try:
+            succeeded = action()
+        finally:
+            os._exit(0 if succeeded else 1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def _unshare_user_and_network() -> int:
+    """A network namespace without CAP_SYS_ADMIN: made inside a new user namespace, where the
+    kernel (and the container runtime's seccomp profile, and LSMs) allow an unprivileged one.
+    0, or the errno of the refusal.
+
+    The user namespace maps this process's uid and gid to themselves, so files and its own
+    identity look unchanged; then every capability it grants (all of them, in that namespace)
+    is dropped, bounding set included: the process and its workers keep no more power than
+    they had outside, whether seccomp is there to refuse the system calls that use them or not.
+    Root does not come here: it makes the namespace directly, then drops to ``nobody``.
+    """
+    uid, gid = os.geteuid(), os.getegid()
+    libc = _libc()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        return ctypes.get_errno()
+    # An LSM may refuse the maps (Ubuntu's AppArmor restriction denies the namespace its
+    # capabilities): the network namespace holds all the same, only ids show as the overflow id.
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        try:
+            _write_once(f"/proc/self/{name}", line)
+        except OSError:
+            break
+    capability = 0
+    while libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) == 0:  # until EINVAL, past the last one
+        capability += 1
+    _clear_capabilities()
+    return 0
+
+
+def _write_once(path: str, text: str) -> None:
+    """``text`` in one write(2), as /proc's id maps require."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _clear_capabilities() -> None:
+    """Empty the effective, permitted and inheritable sets (capset(2); lowering is always allowed)."""
+    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)  # version, this process
+    data = bytes(24)  # two {effective, permitted, inheritable} triples of 32 bits, all zero
+    if _libc().capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
 
 
 def confine(channel: int, limits: Limits) -> list[str]:
@@ -333,6 +443,10 @@ def probe() -> dict[str, str]:
         "subprocess": attempt(lambda: subprocess.run(["/bin/true"], check=False)),
         "signal_init": attempt(lambda: os.kill(1, 0)),
         "ptrace_init": attempt(lambda: _ptrace_attach(1)),
+        # What a capability held in a user namespace would allow: none is held, and seccomp refuses both.
+        "unshare": attempt(lambda: _check(_libc().unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare")),
+        # No such filesystem: with the privilege this fails ENODEV (nothing mounted), without it EPERM.
+        "mount": attempt(lambda: _check(_libc().mount(b"none", b"/tmp", b"execbox-probe", 0, None), "mount")),
         "raise_nofile": attempt(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))),
         "raise_cpu": attempt(lambda: resource.setrlimit(resource.RLIMIT_CPU, (cpu[1] + 3600, cpu[1] + 3600))),
         "lower_cpu": attempt(lambda: resource.setrlimit(resource.RLIMIT_CPU, (cpu[0] - 1, cpu[1] - 1))),
@@ -346,6 +460,7 @@ def probe() -> dict[str, str]:
         "rlimit_cpu": limit(resource.RLIMIT_CPU),
         "rlimit_cpu_hard": str(cpu[1]),
         "uid": str(os.getuid()),
+        "network": _network,
     }
 
 
@@ -368,9 +483,13 @@ def _protect(start: int, length: int, protection: int) -> None:
 
 
 def _ptrace_attach(pid: int) -> None:
-    libc = _libc()
-    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
-        raise OSError(ctypes.get_errno(), "ptrace")
+    _check(_libc().ptrace(16, pid, None, None), "ptrace")  # PTRACE_ATTACH
+
+
+def _check(result: int, call: str) -> None:
+    """Raise the errno of a libc ``call`` that returned ``result``, unless it succeeded (0)."""
+    if result != 0:
+        raise OSError(ctypes.get_errno(), call)
 
 
 def enforcement(enabled: bool) -> dict[str, dict[str, bool]]:
