@@ -77,9 +77,12 @@ def start_server(process: subprocess.Popen[str], marker: str) -> Server:
     raise RuntimeError(f"{process.args!r} did not report listening within {STARTUP_TIMEOUT_S:g} s")
 
 
-def start_daemon(warm_workers: int | None = None, extra_args: list[str] | None = None) -> Server:
-    """``python -m execbox_runner serve`` on a free loopback port, quiet below warnings."""
-    argv = [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
+def start_daemon(
+    warm_workers: int | None = None, extra_args: list[str] | None = None, prefix: list[str] | None = None
+) -> Server:
+    """``python -m execbox_runner serve`` on a free loopback port, quiet below warnings; ``prefix``
+    runs it under another command (``taskset -c 0``)."""
+    argv = [*(prefix or []), sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
     argv += ["--log-level", "WARNING"]
     if warm_workers is not None:
         argv += ["--warm-workers", str(warm_workers)]
