@@ -1,5 +1,8 @@
 """The image's HEALTHCHECK: GET /healthz of the daemon on this host; exit 0 on 200, else 1.
 
+The sessions' port, not the metrics port: its /healthz answers without a token (bare, when
+/metrics lives on a metrics port or behind a metrics token), and fails when that port does.
+
 HTTPS when EXECBOX_RUNNER_CERTFILE is set (the certificate is not verified: the name is the
 loopback address and the check is on the same host), else HTTP. The port is
 EXECBOX_RUNNER_HEALTHCHECK_PORT, else EXECBOX_RUNNER_PORT, else 8765. Standard library only.

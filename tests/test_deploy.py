@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -170,14 +171,18 @@ def test_the_container_is_hardened_beyond_the_standard() -> None:
     assert all(mount["readOnly"] for path, mount in mounts.items() if path != "/tmp")
 
 
-def test_the_network_policy_allows_only_the_websocket_port_in_and_nothing_out() -> None:
+def test_the_network_policy_lets_anyone_reach_sessions_prometheus_alone_metrics_and_nothing_out() -> None:
     policy = manifests()["NetworkPolicy"]["spec"]
     assert sorted(policy["policyTypes"]) == ["Egress", "Ingress"]
     assert policy["egress"] == []
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels().items()
-    (rule,) = policy["ingress"]
-    assert set(rule) == {"ports"}  # from anywhere, but to this port only
-    assert rule["ports"] == [{"port": Settings().port, "protocol": "TCP"}]
+    sessions, scrapes = policy["ingress"]
+    assert set(sessions) == {"ports"}  # from anywhere (hosts; the kubelet's probes), but to this port only
+    assert sessions["ports"] == [{"port": Settings().port, "protocol": "TCP"}]
+    assert scrapes["ports"] == [{"port": int(env()["EXECBOX_RUNNER_METRICS_PORT"]), "protocol": "TCP"}]
+    (source,) = scrapes["from"]  # one peer, selected by namespace and pod together: Prometheus
+    assert set(source) == {"namespaceSelector", "podSelector"}
+    assert all(selector["matchLabels"] for selector in source.values())
 
 
 def pod_labels() -> dict[str, str]:
@@ -210,11 +215,18 @@ def test_resources_agree_with_the_memory_budget_and_processes() -> None:
 
 def test_probes_ports_and_drain_fit_the_daemon() -> None:
     spec, each, settings = pod(), container(), env()
-    assert each["ports"][0]["containerPort"] == Settings().port
+    ports = {port["name"]: port["containerPort"] for port in each["ports"]}
+    assert ports == {"ws": Settings().port, "metrics": int(settings["EXECBOX_RUNNER_METRICS_PORT"])}
+    assert ports["metrics"] != ports["ws"]
+    annotations = manifests()["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(ports["metrics"])  # scraped where the metrics are
     assert each["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert each["livenessProbe"]["httpGet"]["path"] == "/healthz"
     tls = "EXECBOX_RUNNER_CERTFILE" in settings
+    assert annotations["prometheus.io/scheme"] == ("https" if tls else "http")
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        # On the sessions' port, which answers the probes without a token.
+        assert each[probe]["httpGet"]["port"] == "ws"
         assert each[probe]["httpGet"]["scheme"] == ("HTTPS" if tls else "HTTP")
     drain = float(settings["EXECBOX_RUNNER_DRAIN_GRACE"])
     pause = int(each["lifecycle"]["preStop"]["exec"]["command"][-1])
@@ -347,8 +359,21 @@ def healthcheck(env: dict[str, str]) -> int:
     ).returncode
 
 
+def free_port() -> int:
+    """A port nothing listens on now (for a daemon's --metrics-port, which cannot pick one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def test_the_image_health_check_over_http_and_https(tmp_path: Path) -> None:
     with running_daemon() as daemon:
+        port = daemon.url.rsplit(":", 1)[1].strip("/")
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
+    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
+    # With the metrics elsewhere and behind a token, the sessions' port still answers the check.
+    with running_daemon("--metrics-port", str(free_port()), "--metrics-token", "m") as daemon:
         port = daemon.url.rsplit(":", 1)[1].strip("/")
         assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
     assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
@@ -401,7 +426,9 @@ def test_the_units_example_config_is_accepted_by_the_daemon(tmp_path: Path) -> N
     (tmp_path / "tokens").write_text("a-token\n")
     certfile, keyfile, _ = certificate(tmp_path)
     text = (DEPLOY / "systemd" / "runner.toml").read_text()
-    for name, path in {"tokens": tmp_path / "tokens", "cert.pem": certfile, "key.pem": keyfile}.items():
+    (tmp_path / "metrics-token").write_text("a-metrics-token\n")
+    files = {"tokens": tmp_path / "tokens", "metrics-token": tmp_path / "metrics-token"}
+    for name, path in {**files, "cert.pem": certfile, "key.pem": keyfile}.items():
         text = text.replace(f"/etc/execbox-runner/{name}", str(path))
     config = tmp_path / "runner.toml"
     config.write_text(text)
@@ -526,6 +553,7 @@ def test_the_shipped_pod_runs_non_root_read_only_as_pid_1(tmp_path: Path) -> Non
         EXECBOX_RUNNER_CERTFILE="/run/execbox-pod-config/tls.crt",
         EXECBOX_RUNNER_KEYFILE="/run/execbox-pod-config/tls.key",
         EXECBOX_RUNNER_DRAIN_GRACE="5",
+        EXECBOX_RUNNER_METRICS_PORT=str(free_port()),  # the pod's own network; here the host's
     )
     process = subprocess.Popen(
         [
@@ -563,7 +591,9 @@ def test_the_shipped_pod_runs_non_root_read_only_as_pid_1(tmp_path: Path) -> Non
         deadline = time.monotonic() + 30
         while get(https + "/readyz", trusted).get("status") != "ready" and time.monotonic() < deadline:
             time.sleep(0.2)
-        health = get(https + "/healthz", trusted)
+        assert get(https + "/healthz", trusted) == {"status": "alive"}  # the probes' port tells nothing more
+        metrics_port = settings["EXECBOX_RUNNER_METRICS_PORT"]
+        health = get(f"https://127.0.0.1:{metrics_port}/healthz", trusted)
         protections = {name: value["enforced"] for name, value in health["protections"].items()}
         # The kernel boundary that remains: seccomp, no_new_privs, rlimits, closed descriptors.
         assert protections == {

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from .daemonkit import children_of, client, process_state, run_to_done, running_daemon, stop
+from .test_operations import metric
 
 
 def get(url: str) -> tuple[int, str]:
@@ -76,6 +79,12 @@ def test_shards_outlive_the_threads_that_started_them() -> None:
         for index in range(4):
             with client(d.url) as ws:
                 assert run_to_done(ws, f"e{index}", "1 + 1")["result"] == 2
+        # The machine-sized maximum is the daemon's, shared by its shards, not each shard's.
+        maximum = metric(get(http(d.url, "/metrics"))[1], "execbox_max_sessions")
+    info = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "info", "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert maximum - json.loads(info.stdout)["limits"]["max_sessions"] in (0, 1)  # each share rounded up
 
 
 def test_a_killed_shard_is_replaced() -> None:

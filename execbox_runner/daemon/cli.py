@@ -23,7 +23,7 @@ from .. import __version__
 from ..client.cli import add_exec_parser, run_exec
 from ..mcp.cli import add_mcp_parser, run_mcp
 from . import config, logs, supervisor
-from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report
+from .server import UNSAFE_SETTINGS, CannotListen, ConfigurationError, Daemon, host_report, url
 
 log = logging.getLogger("execbox_runner")
 EXIT_OK: Final = 0
@@ -106,9 +106,9 @@ async def _serve_until_signalled(daemon: Daemon) -> int:
             host, port = await nursery.start(daemon.serve)
             if supervisor.is_shard():
                 nursery.start_soon(supervisor.watch_supervisor)
-            shown = f"[{host}]" if ":" in host else host
-            scheme = "wss" if daemon.tls is not None else "ws"
-            print(f"execbox-runner listening on {scheme}://{shown}:{port}/", flush=True)
+            print(
+                f"execbox-runner listening on {url('wss' if daemon.tls is not None else 'ws', host, port)}", flush=True
+            )
             draining = False
             async for signum in signals:
                 name = signal.Signals(signum).name
@@ -162,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         cause: BaseException = group
         while isinstance(cause, BaseExceptionGroup):
             cause = cause.exceptions[0]
+        address = cause.address if isinstance(cause, CannotListen) else f"{settings.host}:{settings.port}"
         print(
-            f"execbox-runner: cannot serve on {settings.host}:{settings.port}: {getattr(cause, 'strerror', None) or cause}",
-            file=sys.stderr,
+            f"execbox-runner: cannot serve on {address}: {getattr(cause, 'strerror', None) or cause}", file=sys.stderr
         )
         status = EXIT_FAILURE
     except* KeyboardInterrupt:

@@ -29,6 +29,7 @@ ENV_PREFIX: Final = "EXECBOX_RUNNER_"
 TRUE_WORDS: Final = ("true", "1", "yes")
 FALSE_WORDS: Final = ("false", "0", "no")
 MAX_PORT: Final = 65535
+PORTS: Final = frozenset({"port", "metrics_port"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class Settings:
     allowed_origins: str = ""
     certfile: str = ""
     keyfile: str = ""
+    metrics_port: int = 0
+    metrics_host: str = ""
+    metrics_token: str = ""
+    metrics_token_file: str = ""
     max_sessions: int = 0
     idle_timeout: float = 60.0
     drain_grace: float = 25.0
@@ -82,6 +87,7 @@ CHOICES: Final[dict[str, tuple[str, ...]]] = {
 ZERO_ALLOWED: Final = frozenset(
     {
         "port",
+        "metrics_port",
         "warm_workers",
         "max_executions_per_worker",
         "processes",
@@ -93,7 +99,7 @@ ZERO_ALLOWED: Final = frozenset(
     }
 )
 # Files that must exist when set; a missing one would otherwise fail later, or never.
-EXISTING_FILES: Final = frozenset({"tokens_file", "certfile", "keyfile"})
+EXISTING_FILES: Final = frozenset({"tokens_file", "certfile", "keyfile", "metrics_token_file"})
 # Strings that may not be empty.
 REQUIRED: Final = frozenset({"host"})
 
@@ -119,6 +125,10 @@ HELP: dict[str, str] = {
     "allowed_origins": "comma-separated Origin values allowed to open sessions (else HTTP 403); empty: any",
     "certfile": "existing TLS certificate chain (PEM): serve wss:// instead of ws://",
     "keyfile": "existing TLS private key (PEM), with --certfile",
+    "metrics_port": "serve /metrics and the detailed /healthz on this port (TLS as --port), not on --port, which then answers only /readyz and a bare /healthz for probes; 0: off, all on --port",
+    "metrics_host": "address for --metrics-port; empty: --host's",
+    "metrics_token": "bearer tokens, comma-separated, that /metrics and the detailed /healthz require (probes never do); prefer the environment variable or --metrics-token-file; empty: none required",
+    "metrics_token_file": "existing file of metrics bearer tokens (as --metrics-token), one per line",
     "max_sessions": "most concurrent sessions (one execution each); beyond it handshakes get HTTP 503 with Retry-After; 0: sized from memory and descriptors (up to 20,000)",
     "idle_timeout": "seconds a session may go without an execution before it is closed (1000)",
     "drain_grace": "on SIGTERM/SIGINT: seconds running executions get to finish before they are cancelled (0: cancel at once); a second signal stops at once",
@@ -141,7 +151,7 @@ def rule(name: str, kind: type) -> str:
         return "one of " + ", ".join(CHOICES[name])
     if kind is bool:
         return "a boolean: " + "/".join(TRUE_WORDS + FALSE_WORDS)
-    if name == "port":
+    if name in PORTS:
         return f"a port number 0-{MAX_PORT}"
     if kind in (int, float):
         number = "an integer" if kind is int else "a number of seconds"
@@ -164,7 +174,7 @@ def convert(name: str, kind: type, value: object) -> object:
     if kind in (int, float):
         number = _number(kind, value, wanted)
         too_small = number < 0 or (number == 0 and name not in ZERO_ALLOWED)
-        if too_small or (name == "port" and number > MAX_PORT):
+        if too_small or (name in PORTS and number > MAX_PORT):
             raise ValueError(f"must be {wanted}")
         return number
     if not isinstance(value, str):
@@ -184,6 +194,12 @@ def _path_problem(name: str, value: str) -> str | None:
     path = Path(value)
     if name in EXISTING_FILES and value and not path.is_file():
         return os.strerror(errno.ENOENT) if not path.exists() else "not a regular file"
+    if name == "metrics_token_file" and value:
+        try:
+            if not read_tokens("", value):
+                return "holds no token (it would leave /metrics open)"
+        except OSError as exc:
+            return exc.strerror or str(exc)
     if name == "record_dir" and value and path.exists() and not path.is_dir():
         return "exists and is not a directory"
     return None
@@ -286,9 +302,21 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     return settings
 
 
+def read_tokens(inline: str, path: str) -> tuple[bytes, ...]:
+    """Bearer tokens: ``inline`` comma-separated, and the lines of the file at ``path`` (``#`` comments)."""
+    tokens = [token.strip() for token in inline.split(",")]
+    if path:
+        tokens += [line.strip() for line in Path(path).read_text().splitlines()]
+    return tuple(token.encode() for token in tokens if token and not token.startswith("#"))
+
+
 def _check_together(settings: Settings) -> None:
     """Settings that are each valid but contradict each other."""
     if settings.keyfile and not settings.certfile:
         raise InvalidSetting("--keyfile needs --certfile")
+    if settings.metrics_host and not settings.metrics_port:
+        raise InvalidSetting("--metrics-host needs --metrics-port")
+    if settings.metrics_port and settings.metrics_port == settings.port:
+        raise InvalidSetting(f"--metrics-port {settings.metrics_port} is --port too: they must differ")
     if settings.warm_workers > settings.max_workers:
         raise InvalidSetting(f"--warm-workers {settings.warm_workers} exceeds --max-workers {settings.max_workers}")

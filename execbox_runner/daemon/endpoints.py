@@ -1,13 +1,20 @@
-"""The plain-HTTP side of the daemon's one port: health, readiness, admission.
+"""The plain-HTTP side of the daemon: health, readiness, metrics, admission.
 
-Every request reaches the daemon as a WebSocket handshake request. ``route``
-answers the ones that are not sessions (``GET /healthz``, ``GET /readyz``,
-``GET /metrics``; unauthenticated so that probes and scrapers work) and refuses handshakes that may not
+Every request on the sessions' port reaches the daemon as a WebSocket handshake
+request. ``route`` answers the ones that are not sessions (``GET /healthz``,
+``GET /readyz``, ``GET /metrics``) and refuses handshakes that may not
 become sessions: a missing, wrong or repeated bearer token (401, tokens compared in
 constant time), an Origin not allowed or repeated (403), or a daemon that cannot take a
 session now (draining, or at its maximum of concurrent sessions: 503 with
 ``Retry-After``). All of this happens before any session exists: a host is
 never accepted and then starved. Everything else becomes a session.
+
+What the daemon tells about itself (``/metrics``, and ``/healthz`` with its
+sessions, memory and protections) need not be public: with ``--metrics-port``
+it is served there (``observe``) and no longer on the sessions' port, and with
+a metrics token only to a request that bears one. The probes never need
+anything: ``/readyz`` and a bare ``/healthz`` (``{"status": "alive"}``) answer
+on both ports, so kubelet and load balancer checks keep working.
 
 Every refusal is counted (``/metrics``) and logged with its peer, but a flood
 must not fill the disk: ``Refusals`` writes a few lines a second per reason
@@ -116,6 +123,8 @@ class DaemonState:
     max_sessions: int
     report: dict[str, object]
     tokens: tuple[bytes, ...] = ()  # accepted bearer tokens; empty: no authentication
+    metrics_tokens: tuple[bytes, ...] = ()  # bearer tokens /metrics and the detailed /healthz need; empty: none
+    separate_metrics: bool = False  # /metrics and the detailed /healthz are on the metrics port only
     allowed_origins: frozenset[str] = frozenset()  # empty: any Origin
     share_workers: bool = False  # executions of different tokens may share worker processes
     metrics: Metrics | None = None
@@ -158,6 +167,26 @@ def _presented(header: str) -> bytes:
     return header.partition(" ")[2].strip().encode()
 
 
+def _bears(request: Request, tokens: tuple[bytes, ...]) -> bool:
+    """Exactly one Authorization header, with one of ``tokens``. Repeated headers are ambiguous
+    credentials: whichever one a proxy or a reader picks, they are refused rather than judged by one."""
+    authorizations = request.headers.get_all("Authorization")
+    return len(authorizations) == 1 and _authorized(authorizations[0], tokens)
+
+
+def _unauthorized(message: str) -> Response:
+    return _json(
+        401,
+        "Unauthorized",
+        {"error": "unauthorized", "message": message},
+        [("WWW-Authenticate", 'Bearer realm="execbox-runner"')],
+    )
+
+
+def _not_found(message: str) -> Response:
+    return _json(404, "Not Found", {"error": "not_found", "message": message})
+
+
 def tenant(request: Request, state: DaemonState) -> str:
     """Whose workers an accepted session's executions run in: one set per token, unless shared."""
     if state.share_workers or not state.tokens:
@@ -173,12 +202,23 @@ def bad_request(message: str) -> Response:
     return _json(400, "Bad Request", {"error": "bad_request", "message": message})
 
 
-def route(request: Request, state: DaemonState, *, peer: str = "") -> Response | None:
-    """The response to a non-session request or a refused handshake; None to accept a session.
-
-    ``peer`` (``host:port``) is what a refusal's log line names."""
-    path = request.path.split("?", 1)[0]
+def _observation(path: str, request: Request, state: DaemonState, *, details: bool) -> Response | None:
+    """``/readyz``, ``/healthz`` and ``/metrics``; None for any other path. ``details`` (the
+    detailed ``/healthz``, ``/metrics``) are served where they live, to a bearer of a metrics
+    token when there are any; elsewhere ``/healthz`` is the bare answer probes need."""
+    if path == "/readyz":
+        if state.ready:
+            return _json(200, "OK", {"status": "ready"})
+        return _json(
+            503,
+            "Service Unavailable",
+            {"status": "draining" if state.draining else "starting"},
+            [("Retry-After", str(RETRY_AFTER_S))],
+        )
+    shown = details and (not state.metrics_tokens or _bears(request, state.metrics_tokens))
     if path == "/healthz":
+        if not shown:
+            return _json(200, "OK", {"status": "alive"})
         return _json(
             200,
             "OK",
@@ -192,6 +232,10 @@ def route(request: Request, state: DaemonState, *, peer: str = "") -> Response |
             },
         )
     if path == "/metrics" and state.metrics is not None:
+        if not details:
+            return _not_found("/metrics is served on the metrics port")
+        if not shown:
+            return _unauthorized("exactly one Authorization header with a valid metrics bearer token is required")
         body = state.metrics.render()
         return Response(
             200,
@@ -201,29 +245,26 @@ def route(request: Request, state: DaemonState, *, peer: str = "") -> Response |
             ),
             body,
         )
-    if path == "/readyz":
-        if state.ready:
-            return _json(200, "OK", {"status": "ready"})
-        return _json(
-            503,
-            "Service Unavailable",
-            {"status": "draining" if state.draining else "starting"},
-            [("Retry-After", str(RETRY_AFTER_S))],
-        )
-    # Repeated headers are ambiguous credentials: whichever one a proxy or a reader picks, the
-    # handshake is refused rather than judged by one of them.
-    authorizations = request.headers.get_all("Authorization")
-    if state.tokens and not (len(authorizations) == 1 and _authorized(authorizations[0], state.tokens)):
+    return None
+
+
+def observe(request: Request, state: DaemonState) -> Response:
+    """The metrics port's answer: the probes and the details, and no sessions."""
+    path = request.path.split("?", 1)[0]
+    return _observation(path, request, state, details=True) or _not_found(f"no {path} here")
+
+
+def route(request: Request, state: DaemonState, *, peer: str = "") -> Response | None:
+    """The response to a non-session request or a refused handshake; None to accept a session.
+
+    ``peer`` (``host:port``) is what a refusal's log line names."""
+    path = request.path.split("?", 1)[0]
+    answer = _observation(path, request, state, details=not state.separate_metrics)
+    if answer is not None:
+        return answer
+    if state.tokens and not _bears(request, state.tokens):
         state.refusals.refuse("unauthorized", peer)
-        return _json(
-            401,
-            "Unauthorized",
-            {
-                "error": "unauthorized",
-                "message": "exactly one Authorization header with a valid bearer token is required",
-            },
-            [("WWW-Authenticate", 'Bearer realm="execbox-runner"')],
-        )
+        return _unauthorized("exactly one Authorization header with a valid bearer token is required")
     origins = request.headers.get_all("Origin")
     if state.allowed_origins and (len(origins) > 1 or not state.allowed_origins.issuperset(origins)):
         state.refusals.refuse("origin", peer)

@@ -10,6 +10,10 @@ Connections that have not finished their opening handshake are bounded
 (``Handshakes``): a flood of peers that connect and send nothing sheds its own
 oldest members, so it can neither exhaust the descriptors nor keep legitimate
 hosts waiting in the accept queue.
+
+With ``--metrics-port`` a second listener answers one plain HTTP request per
+connection (``/metrics``, the detailed ``/healthz``, ``/readyz``), with the
+same TLS, bounds and shedding, and never a session.
 """
 
 from __future__ import annotations
@@ -17,24 +21,29 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import math
 import os
 import platform
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Final
 
 import trio
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
 
 from .. import __version__
 from ..worker import native, sandbox
-from .config import Settings
+from . import endpoints
+from .config import Settings, read_tokens
 from .connection import Connection
 from .endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
-from .supervisor import is_shard, shard_count
+from .supervisor import is_shard, shard_count, shard_name
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
@@ -45,6 +54,7 @@ STANDARD_CPU_LIFETIME_S = 24 * 3600
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
 LISTEN_BACKLOG = 4096
+RECEIVE_BYTES: Final = 65536
 # accept() errors that mean "no descriptor (or memory) for another connection now".
 OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_RETRY_S: Final = 0.1  # out of descriptors, none of them a handshake to shed: wait for a session to end
@@ -100,6 +110,15 @@ def host_report(settings: Settings) -> dict[str, object]:
     }
 
 
+class CannotListen(OSError):
+    """An address the daemon cannot listen on (the port is taken, the address is not this
+    host's); ``address`` says which of its listening addresses."""
+
+    def __init__(self, address: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror)
+        self.address = address
+
+
 async def listen(host: str, port: int, *, reuse_port: bool) -> list[trio.SocketListener]:
     """TCP listeners on every address of ``host``; with ``reuse_port`` the port is shared with
     the other shards (the kernel spreads connections), otherwise a taken port is an error."""
@@ -112,7 +131,11 @@ async def listen(host: str, port: int, *, reuse_port: bool) -> list[trio.SocketL
         if family == trio.socket.AF_INET6:
             sock.setsockopt(trio.socket.IPPROTO_IPV6, trio.socket.IPV6_V6ONLY, 1)
         sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        await sock.bind(address)
+        try:
+            await sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            raise CannotListen(f"{host}:{port}", exc) from exc
         sock.listen(LISTEN_BACKLOG)
         listeners.append(trio.SocketListener(sock))
     return listeners
@@ -124,8 +147,9 @@ def memory_budget(settings: Settings) -> int:
 
 
 def effective_max_sessions(settings: Settings) -> int:
-    """``--max-sessions``, or when 0 what this machine's memory and descriptors carry."""
-    return settings.max_sessions or default_max_sessions(memory_bytes(), raise_open_files())
+    """``--max-sessions`` (a shard's is its share, from the supervisor), or when 0 this process's
+    share of what the machine's memory and descriptors carry: shards share the memory."""
+    return settings.max_sessions or math.ceil(default_max_sessions(memory_bytes(), raise_open_files()) / shard_count())
 
 
 def worker_cpu_seconds(settings: Settings) -> int:
@@ -203,6 +227,34 @@ def peer_of(tcp: trio.SocketStream) -> str:
     return f"{host}:{port}"
 
 
+async def read_request(stream: trio.abc.Stream, parser: ServerProtocol) -> Request | None:
+    """The first HTTP request on ``stream``; None if the peer closes first or sends none that
+    parses (``parser`` then holds websockets' answer, if it makes one)."""
+    while not parser.close_expected():
+        data = await stream.receive_some(RECEIVE_BYTES)
+        if not data:
+            return None
+        parser.receive_data(data)
+        for event in parser.events_received():
+            if isinstance(event, Request):
+                return event
+    return None
+
+
+def url(scheme: str, host: str, port: int, path: str = "/") -> str:
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}{path}"
+
+
+def address(listener: trio.SocketListener) -> tuple[str, int]:
+    host, port = listener.socket.getsockname()[:2]
+    return host, port
+
+
+def size(count: int) -> str:
+    """Bytes for a reader: MiB, or GiB from 1 GiB on."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
+
+
 def handshake_limit(open_files: int) -> int:
     """How many connections may wait for their handshake: enough for a burst of hosts, and few
     enough that sessions and workers' channels always have descriptors left."""
@@ -214,10 +266,7 @@ class ConfigurationError(Exception):
 
 
 def accepted_tokens(settings: Settings) -> tuple[bytes, ...]:
-    tokens = [token.strip() for token in settings.tokens.split(",")]
-    if settings.tokens_file:
-        tokens += [line.strip() for line in Path(settings.tokens_file).read_text().splitlines()]
-    return tuple(token.encode() for token in tokens if token and not token.startswith("#"))
+    return read_tokens(settings.tokens, settings.tokens_file)
 
 
 def is_loopback(host: str) -> bool:
@@ -281,6 +330,8 @@ class Daemon:
             allowed_origins=frozenset(
                 origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()
             ),
+            metrics_tokens=read_tokens(settings.metrics_token, settings.metrics_token_file),
+            separate_metrics=bool(settings.metrics_port),
         )
         self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
         self.connections: set[Connection] = set()
@@ -315,18 +366,98 @@ class Daemon:
             await nursery.start(self.pool.run)
             self.state.pool_ready = True
             listeners = await listen(self.settings.host, self.settings.port, reuse_port=is_shard())
-            host, port = listeners[0].socket.getsockname()[:2]
+            # Shards share the metrics port as they share the sessions' one: any of them answers
+            # for all (metrics.py), so the supervisor serves nothing itself.
+            scrapers = (
+                await listen(
+                    self.settings.metrics_host or self.settings.host, self.settings.metrics_port, reuse_port=is_shard()
+                )
+                if self.settings.metrics_port
+                else []
+            )
+            host, port = address(listeners[0])
+            self._announce(listeners, scrapers)
             nursery.start_soon(self._sample_memory)
             nursery.start_soon(self._summarize_refusals)
             if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
                 nursery.start_soon(self._publish_live_state)
             task_status.started((host, port))
             for listener in listeners:
-                nursery.start_soon(self._accept, listener, nursery)
+                nursery.start_soon(self._accept, listener, nursery, self._serve_connection)
+            for listener in scrapers:
+                nursery.start_soon(self._accept, listener, nursery, self._serve_scrape)
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        """Accept connections for ever. Out of descriptors, shed the oldest handshake and
-        accept again at once, rather than leave the queue (and the hosts in it) waiting."""
+    def _announce(self, listeners: list[trio.SocketListener], scrapers: list[trio.SocketListener]) -> None:
+        """The start-up line: where this daemon process serves, within which limits and with
+        which protections (with ``--processes``, one line per shard, each with its own share)."""
+        settings, state = self.settings, self.state
+        secure = self.tls is not None
+        sessions = [url("wss" if secure else "ws", *address(listener)) for listener in listeners]
+        metrics = [url("https" if secure else "http", *address(listener), "/metrics") for listener in scrapers]
+        timeouts = {
+            "execution": settings.max_timeout_ms / 1000,
+            "idle": settings.idle_timeout,
+            "handshake": settings.handshake_timeout,
+            "send": settings.send_timeout,
+            "drain_grace": settings.drain_grace,
+        }
+        protections: dict[str, dict[str, bool]] = self.report["protections"]  # type: ignore[assignment]
+        enforced = [name for name, protection in protections.items() if protection["enforced"]]
+        fields: dict[str, object] = {
+            "version": __version__,
+            "profile": settings.profile,
+            "shard": shard_name(),
+            "listen": sessions,
+            "metrics_listen": metrics,
+            "authentication": bool(self.tokens),
+            "metrics_token": bool(state.metrics_tokens),
+            "max_sessions": state.max_sessions,
+            "max_workers": self.pool.max_workers,
+            "worker_capacity": self.pool.capacity,
+            "timeouts_s": timeouts,
+            "max_memory_limit_bytes": settings.max_memory_limit_bytes,
+            "memory_budget_bytes": state.memory_budget,
+            "protections": enforced,
+            "unsafe_settings": self.unsafe,
+        }
+        where = ", ".join(sessions)
+        if metrics:
+            where += f"; metrics on {', '.join(metrics)}"
+        if state.metrics_tokens:
+            where += " (metrics token required)"
+        log.info(
+            "execbox-runner %s (%s%s) serving %s; at most %d sessions, %d workers of %d executions each;"
+            " executions up to %g s and %s each; idle %g s, handshake %g s, send %g s, drain %g s;"
+            " memory budget %s; protections: %s; unsafe: %s",
+            __version__,
+            settings.profile,
+            f", shard {shard_name()}" if shard_name() else "",
+            where,
+            state.max_sessions,
+            self.pool.max_workers,
+            self.pool.capacity,
+            timeouts["execution"],
+            size(settings.max_memory_limit_bytes),
+            settings.idle_timeout,
+            settings.handshake_timeout,
+            settings.send_timeout,
+            settings.drain_grace,
+            size(state.memory_budget),
+            ", ".join(enforced) or "none",
+            ", ".join(self.unsafe) or "none",
+            extra=fields,
+        )
+
+    async def _accept(
+        self,
+        listener: trio.SocketListener,
+        nursery: trio.Nursery,
+        serve: Callable[[trio.SocketStream], Awaitable[None]],
+    ) -> None:
+        """Accept connections for ever and ``serve`` each. Out of descriptors, shed the oldest
+        handshake and accept again at once, rather than leave the queue (and the hosts in it)
+        waiting. A scrape counts as a handshake until its request is in: a flood on the metrics
+        port sheds its own members too."""
         while True:
             try:
                 tcp = await listener.accept()
@@ -338,7 +469,7 @@ class Daemon:
                     await trio.sleep(ACCEPT_RETRY_S)
                 continue
             self.handshakes.add(tcp)
-            nursery.start_soon(self._handle, tcp)
+            nursery.start_soon(self._handle, tcp, serve)
 
     async def _sample_memory(self) -> None:
         """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission."""
@@ -362,24 +493,56 @@ class Daemon:
             self.state.metrics.publish()
             await trio.sleep(LIVE_STATE_INTERVAL_S)
 
-    async def _handle(self, tcp: trio.SocketStream) -> None:
+    async def _handle(self, tcp: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
         try:
-            await self._serve_connection(tcp)
+            await serve(tcp)
         finally:
             self.handshakes.finished(tcp)
 
+    async def _secured(self, tcp: trio.SocketStream) -> trio.abc.Stream | None:
+        """``tcp``, over TLS when the daemon serves it (the TLS handshake bounded by the
+        handshake timeout); None, and closed, if that handshake fails."""
+        if self.tls is None:
+            return tcp
+        stream = trio.SSLStream(tcp, self.tls, server_side=True)
+        with trio.move_on_after(self.settings.handshake_timeout) as scope:
+            try:
+                await stream.do_handshake()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                scope.cancel()
+        if scope.cancelled_caught:
+            await tcp.aclose()
+            return None
+        return stream
+
+    async def _serve_scrape(self, tcp: trio.SocketStream) -> None:
+        """One request on the metrics port: read within the handshake timeout, answered within
+        the send timeout, then closed. Never a session."""
+        stream = await self._secured(tcp)
+        if stream is None:
+            return
+        parser = ServerProtocol()
+        try:
+            answer = b""
+            with trio.move_on_after(self.settings.handshake_timeout):
+                request = await read_request(stream, parser)
+                # No valid request: the answer websockets made (400, 431), if any.
+                answer = (
+                    endpoints.observe(request, self.state).serialize() if request else b"".join(parser.data_to_send())
+                )
+            self.handshakes.finished(tcp)
+            with trio.move_on_after(self.settings.send_timeout):
+                await stream.send_all(answer)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the scraper went away, or a flood of connections shed this one
+        finally:
+            with trio.move_on_after(self.settings.close_timeout, shield=True):
+                await stream.aclose()
+
     async def _serve_connection(self, tcp: trio.SocketStream) -> None:
-        stream: trio.abc.Stream = tcp
-        if self.tls is not None:
-            stream = trio.SSLStream(tcp, self.tls, server_side=True)
-            with trio.move_on_after(self.settings.handshake_timeout) as scope:
-                try:
-                    await stream.do_handshake()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    scope.cancel()
-            if scope.cancelled_caught:
-                await tcp.aclose()
-                return
+        stream = await self._secured(tcp)
+        if stream is None:
+            return
         connection = Connection(
             stream,
             self.pool,

@@ -8,7 +8,9 @@ and workers. The supervisor stays small: it prints the one URL, forwards
 SIGTERM/SIGINT (every shard drains, each execution still gets its ``done``;
 a second signal is forwarded too, and stops them at once), restarts a shard
 that dies, and exits 0 when every shard drained cleanly, else 1. Shards share a
-metrics directory, so ``/metrics`` from any of them covers all of them.
+metrics directory, so ``/metrics`` from any of them covers all of them; with
+``--metrics-port`` they share that port too, the same way, so the supervisor
+itself serves nothing. Each shard logs its own start-up line, with its share.
 
 A shard is the same command line with ``--processes 1``, its share of the
 limits, the chosen port and ``EXECBOX_RUNNER_SHARD`` set; nothing else.
@@ -44,6 +46,11 @@ SUPERVISOR_POLL_S: Final = 0.5
 
 def is_shard() -> bool:
     return SHARD_ENV in os.environ
+
+
+def shard_name() -> str:
+    """``INDEX/COUNT`` of this shard, for its logs; empty when this process serves alone."""
+    return os.environ.get(SHARD_ENV, "")
 
 
 def shard_count() -> int:
