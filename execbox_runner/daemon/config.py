@@ -125,7 +125,7 @@ HELP: dict[str, str] = {
     "allowed_origins": "comma-separated Origin values allowed to open sessions (else HTTP 403); empty: any",
     "certfile": "existing TLS certificate chain (PEM): serve wss:// instead of ws://",
     "keyfile": "existing TLS private key (PEM), with --certfile",
-    "metrics_port": "serve /metrics and the detailed /healthz on this port (TLS as --port), not on --port, which then answers only /readyz and a bare /healthz for probes; 0: off, all on --port",
+    "metrics_port": "serve /metrics and the detailed /healthz on this port (over TLS with --certfile), not on --port, which then answers only /readyz and a bare /healthz for probes; 0: off, all on --port",
     "metrics_host": "address for --metrics-port; empty: --host's",
     "metrics_token": "bearer tokens, comma-separated, that /metrics and the detailed /healthz require (probes never do); prefer the environment variable or --metrics-token-file; empty: none required",
     "metrics_token_file": "existing file of metrics bearer tokens (as --metrics-token), one per line",
