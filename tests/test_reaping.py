@@ -1,4 +1,5 @@
-"""A killed zygote leaves no zombies: the daemon reaps it and the workers that outlive it."""
+"""A killed zygote leaves no zombies: the daemon reaps it and the workers that outlive it, and
+still learns how each of those ended."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from .daemonkit import children_of, client, process_state, run_to_done, running_daemon
+from .test_worker_exits import exit_line
 
 WAIT_S = 10.0  # a bound on how long reaping may take, not a measurement
 
@@ -42,6 +44,8 @@ def test_the_daemon_reaps_a_killed_zygote_and_its_orphaned_workers() -> None:
                 os.kill(worker, signal.SIGKILL)
         assert wait_until(lambda: all(process_state(worker) == "gone" for worker in workers))
         assert zombies(daemon.process.pid) == []
+        # Their zygote could not report how they ended; the daemon, which reaped them, did.
+        assert {exit_line(daemon, worker)["exit_reason"] for worker in workers} == {"signal_SIGKILL"}
         # New workers come from a new zygote, started on the pool's next fork.
         with client(daemon.url) as ws:
             for index in range(3):

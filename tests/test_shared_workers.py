@@ -16,6 +16,7 @@ import pytest
 from websockets.sync.client import ClientConnection
 
 from .daemonkit import Daemon, client, cpu_ticks, execute, receive, run_to_done, running_daemon
+from .test_worker_exits import exit_line
 
 PARKED = "const r = await tools.hang({}); r + 1"
 
@@ -106,6 +107,8 @@ def test_a_killed_worker_ends_all_its_executions_and_is_replaced() -> None:
             dones = list(pool.map(receive, connections))
         assert {done["error"]["code"] for done in dones} == {"internal_error"}
         assert sorted(done["id"] for done in dones) == sorted(f"v{index}" for index in range(count))
+        line = exit_line(d, held)
+        assert (line["exit_reason"], line["executions_held"]) == ("signal_SIGKILL", count)
         with ThreadPoolExecutor(16) as pool:
             results = list(pool.map(lambda index: _one(d, index), range(count)))
         assert results == [index + 1 for index in range(count)]
@@ -144,5 +147,6 @@ def test_a_worker_slow_to_let_go_of_an_aborted_execution_keeps_its_others() -> N
         assert settle(kept, call, 41)["result"] == 42
         wait_for(lambda: host not in d.workers())  # retired: it ends with its last execution
         assert host not in d.workers()
+        assert exit_line(d, host)["exit_reason"] == "slow_abort"
         with client(d.url) as after:  # new work goes elsewhere and runs
             assert run_to_done(after, "after", "await tools.echo(1) + 1")["result"] == 2

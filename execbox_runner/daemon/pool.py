@@ -24,6 +24,13 @@ pidfd cannot signal a recycled PID. Workers that outlive their zygote (killed,
 crashed) come back to the daemon, a child subreaper, which reaps them on
 SIGCHLD with the zygote itself: none is left a zombie, nor handed to PID 1
 (the supervisor in a container, which would not reap them).
+
+Every worker exit is one log line saying why, and is counted by reason in
+``exit_reasons``: stopped by the daemon (a label of ``STOPPED``), or died on
+its own (``signal_SIGSEGV``, ``signal_SIGKILL``: not the daemon's, so perhaps
+the OOM killer; ``signal_SIGXCPU``: its RLIMIT_CPU; ``exit_N``), or
+``unknown``. Only a worker's parent learns its wait status: the zygote reports
+it for the workers it reaps, the daemon's reaper for orphans.
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
-from typing import Final
+from typing import Final, Literal, NamedTuple, TypeAlias
 
 import trio
 
@@ -52,10 +60,62 @@ LEASE_BACKLOG: Final = 4096
 TENANT_IDLE_S: Final = 30.0
 # A retired worker still holding an aborted execution this long after its grace is stuck: killed.
 STUCK_KILL_S: Final = 30.0
+# A worker whose channel closed this long ago and that has not exited is killed.
+CLOSED_EXIT_S: Final = 1.0
+# How long an exited worker's wait status may take to reach the daemon before it is called unknown.
+STATUS_WAIT_S: Final = 2.0
+
+
+class ExitCause(NamedTuple):
+    """How a worker ended: the label counted in ``WorkerPool.exit_reasons``, a log level, words."""
+
+    reason: str
+    level: int
+    text: str
+
+
+StopReason: TypeAlias = Literal["retired", "idle", "slow_abort", "stuck", "misbehaved", "start_timeout", "shutdown"]
+# Why the daemon stops a worker (``Worker.kill``): each reason's log level and words.
+STOPPED: Final[dict[StopReason, tuple[int, str]]] = {
+    "retired": (logging.INFO, "stopped by the daemon: retired after its lifetime of executions"),
+    "idle": (logging.INFO, f"stopped by the daemon: idle in its tenant's service for {TENANT_IDLE_S:g} s"),
+    "slow_abort": (logging.WARNING, "stopped by the daemon: retired for being slow to let go of an aborted execution"),
+    "stuck": (logging.WARNING, f"killed by the daemon: still stuck in an aborted execution {STUCK_KILL_S:g} s later"),
+    "misbehaved": (logging.WARNING, "killed by the daemon: it sent something invalid or closed its channel"),
+    "start_timeout": (logging.WARNING, f"killed by the daemon: not ready {READY_TIMEOUT_S:g} s after its start"),
+    "shutdown": (logging.INFO, "stopped by the daemon: shutting down"),
+}
+
+
+def exit_cause(status: int | None, killed: StopReason | None) -> ExitCause:
+    """How a worker with wait ``status`` (None: never reported) ended; ``killed`` is why the daemon
+    sent it SIGKILL, if it did. A SIGKILL the daemon did not send, or any other end, is the worker's own."""
+    if status is None:
+        return ExitCause("unknown", logging.WARNING, "exited; how is unknown (no exit status reached the daemon)")
+    if os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        return ExitCause(f"exit_{code}", logging.WARNING, f"exited on its own with status {code}")
+    number = os.WTERMSIG(status)
+    if number == signal.SIGKILL and killed is not None:
+        return ExitCause(killed, *STOPPED[killed])
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"SIG{number}"
+    text = f"died of {name} ({signal.strsignal(number)})"
+    if number == signal.SIGKILL:
+        text += ", not sent by the daemon: the kernel's OOM killer, or someone else"
+    elif number == signal.SIGXCPU:
+        text += ", from its CPU-time backstop (RLIMIT_CPU)"
+    return ExitCause(f"signal_{name}", logging.WARNING, text)
 
 
 class WorkerLost(Exception):
     """The worker's channel closed or carried something that is not a worker message."""
+
+
+class ChannelClosed(WorkerLost):
+    """The worker's channel closed: usually because the worker is exiting."""
 
 
 class Worker:
@@ -69,8 +129,12 @@ class Worker:
         self.tenant: str | None = None  # a spare until an execution's tenant claims it
         self.leases: dict[int, Lease] = {}
         self.started = 0  # executions given to this worker over its life
-        self.retiring = False  # takes no new executions; stopped once its last one ends
+        self.retiring: StopReason | None = None  # why it takes no new executions; stopped once its last one ends
+        self.ready = False  # said Ready: it takes executions
         self.alive = True
+        self.kill_reason: StopReason | None = None  # why the daemon sent it SIGKILL
+        self.gone = trio.Event()  # the process has exited
+        self.cause: ExitCause | None = None  # how it ended, once known (None: the pool stopped first)
         self.idle_since = trio.current_time()
         self._next_slot = 0
         self._buffer = bytearray()
@@ -105,25 +169,36 @@ class Worker:
             try:
                 chunk = await self.stream.receive_some(max(65536, n - len(self._buffer)))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise WorkerLost(str(exc)) from None
+                raise ChannelClosed(str(exc)) from None
             if not chunk:
-                raise WorkerLost("worker channel closed")
+                raise ChannelClosed("worker channel closed")
             self._buffer += chunk
         data = bytes(self._buffer[:n])
         del self._buffer[:n]
         return data
 
-    def kill(self) -> None:
+    def kill(self, reason: StopReason) -> None:
+        """SIGKILL it, for ``reason``, unless it has exited already (then how it ended is its own)."""
         self.alive = False
-        if self.pidfd >= 0:
-            try:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # already gone
+        if self.pidfd < 0 or _readable(self.pidfd):
+            return
+        self.kill_reason = self.kill_reason or reason
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone
 
     async def exited(self) -> None:
         """Return once the process has exited (it need not be our child)."""
-        await trio.lowlevel.wait_readable(self.pidfd)
+        if self.pidfd >= 0:
+            await trio.lowlevel.wait_readable(self.pidfd)
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` is readable now (a pidfd: its process has exited). poll, not select: any fd number."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class Lease:
@@ -155,18 +230,38 @@ class Lease:
         self._inbox.send_nowait(reason)
 
 
+class _Exit:
+    """A forked worker's wait status, once reported."""
+
+    def __init__(self) -> None:
+        self.reported = trio.Event()
+        self.status: int | None = None
+
+
 class ZygoteClient:
-    """The daemon's side: start the zygote, ask it for workers, reap what exits."""
+    """The daemon's side: start the zygote, ask it for workers, learn how each one exited."""
 
     def __init__(self, worker_args: list[str]) -> None:
         self.worker_args = worker_args
         self.process: trio.Process | None = None
         self._control: trio.socket.SocketType | None = None
+        self._forked: trio.MemoryReceiveChannel[int] | None = None  # the zygote's answers to fork requests
+        self._exits: dict[int, _Exit] = {}  # forked workers whose exit the pool has not yet learned
+        self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()
 
-    async def start(self) -> None:
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Start the zygote; a task in ``nursery`` reads its reports (also of the zygotes that
+        ``fork`` starts when one has died)."""
+        self._nursery = nursery
+        await self._start()
+
+    async def _start(self) -> None:
+        assert self._nursery is not None
         # Orphans of the zygote (its workers, when it dies first) become our children, to reap.
         reaper.become_subreaper()
+        if self._control is not None:
+            self._control.close()  # a dead zygote's
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.process = await trio.lowlevel.open_process(
@@ -179,31 +274,74 @@ class ZygoteClient:
         finally:
             child.close()
         self._control = trio.socket.from_stdlib_socket(parent)
+        answers, self._forked = trio.open_memory_channel[int](math.inf)
+        self._nursery.start_soon(self._read_reports, self._control, answers)
+
+    async def _read_reports(self, control: trio.socket.SocketType, answers: trio.MemorySendChannel[int]) -> None:
+        """Until this zygote's control socket ends: each new worker's PID to ``fork``, each exit
+        status to ``exited``. The zygote sends a worker's FORKED before its EXITED."""
+        size = ipc.ZYGOTE_REPORT.size
+        buffer = b""
+        with answers:
+            while True:
+                try:
+                    chunk = await control.recv(4096)
+                except (OSError, trio.ClosedResourceError):
+                    return
+                if not chunk:
+                    return
+                buffer += chunk
+                while len(buffer) >= size:
+                    kind, pid, status = ipc.ZYGOTE_REPORT.unpack_from(buffer)
+                    buffer = buffer[size:]
+                    if kind == ipc.FORKED:
+                        self._exits[pid] = _Exit()
+                        answers.send_nowait(pid)
+                    else:
+                        self.exited(pid, status)
 
     async def fork(self) -> tuple[int, socket.socket]:
         """A new worker: its PID and the daemon's end of its channel."""
         async with self._lock:
             if self._control is None or self.process is None or self.process.returncode is not None:
-                await self.start()
-            assert self._control is not None
+                await self._start()
+            assert self._control is not None and self._forked is not None
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 await self._control.sendmsg(
                     [b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))]
                 )
-                answer = b""
-                while len(answer) < ipc.FORKED.size:
-                    chunk = await self._control.recv(ipc.FORKED.size - len(answer))
-                    if not chunk:
-                        self._control = None
-                        raise OSError("the zygote exited")
-                    answer += chunk
+                try:
+                    pid = await self._forked.receive()
+                except trio.EndOfChannel:
+                    self._control.close()
+                    self._control = None
+                    raise OSError("the zygote exited") from None
             except BaseException:
                 ours.close()
                 raise
             finally:
                 theirs.close()
-            return ipc.FORKED.unpack(answer)[0], ours
+            return pid, ours
+
+    def exited(self, pid: int, status: int) -> None:
+        """Worker ``pid`` ended with wait ``status``: reported by its zygote, or by the reaper when it
+        outlived its zygote."""
+        ended = self._exits.get(pid)
+        if ended is not None and not ended.reported.is_set():
+            ended.status = status
+            ended.reported.set()
+
+    async def exit_status(self, pid: int) -> int | None:
+        """The wait status of worker ``pid``, which has exited; None if none is reported within
+        ``STATUS_WAIT_S`` (say, the zygote died between reaping it and reporting it)."""
+        ended = self._exits.get(pid)
+        if ended is None:
+            return None
+        with trio.move_on_after(STATUS_WAIT_S):
+            await ended.reported.wait()
+        del self._exits[pid]
+        return ended.status
 
     def owned(self) -> list[trio.Process]:
         """The zygote, for the reaper: reaped through trio, so ``fork`` sees it is gone."""
@@ -249,6 +387,7 @@ class WorkerPool:
         self.starting = 0  # worker starts under way
         self.waiting = 0  # executions waiting for room
         self.exits = 0  # worker processes that exited (and were replaced)
+        self.exit_reasons: dict[str, int] = {}  # the same by ExitCause.reason (a bounded set)
         self._room = trio.lowlevel.ParkingLot()
         self._wake_spawner = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -263,9 +402,9 @@ class WorkerPool:
         """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(reaper.reap_on_exits, self.zygote.owned)
+            nursery.start_soon(reaper.reap_on_exits, self.zygote.owned, self.zygote.exited)
             try:
-                await self.zygote.start()
+                await self.zygote.start(nursery)
                 self._top_up()
                 while len(self._spares()) < self.warm:
                     await self._wait_change()
@@ -278,7 +417,7 @@ class WorkerPool:
                     self._top_up()
             finally:
                 for worker in list(self.workers):
-                    worker.kill()
+                    worker.kill("shutdown")
                 await self.zygote.aclose()
 
     async def _wait_change(self) -> None:
@@ -307,83 +446,127 @@ class WorkerPool:
         now = trio.current_time()
         for worker in list(self.workers):
             if worker.tenant is not None and not worker.leases and now - worker.idle_since >= TENANT_IDLE_S:
-                self._retire(worker)
+                self._retire(worker, "idle")
 
     async def _spawn(self) -> None:
+        """Start a worker and relay its frames until it exits; after a failed start, pause before the
+        next one (do not spin when workers cannot be started)."""
         try:
             worker = await self._fork_worker()
-        except (OSError, WorkerLost, trio.TooSlowError):
+        except OSError:
             worker = None
-        finally:
+        if worker is not None:
+            await self._relay(worker)
+        if worker is None or not worker.ready:
+            await trio.sleep(0.5)
             self.starting -= 1
-        if worker is None:
-            await trio.sleep(0.5)  # do not spin when processes cannot be started
             self._wake_spawner.set()
-            return
-        self.workers.add(worker)
-        self._room.unpark_all()
-        self._wake_spawner.set()
-        await self._relay(worker)
 
     async def _fork_worker(self) -> Worker:
+        """A worker just forked: ``_relay`` waits for its Ready."""
         pid, channel = await self.zygote.fork()
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
-            channel.close()
-            raise WorkerLost("worker exited at once") from None
-        worker = Worker(pid, pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
-        try:
-            with trio.fail_after(READY_TIMEOUT_S):
-                if not isinstance((await worker.receive())[1], ipc.Ready):
-                    raise WorkerLost("worker did not start with Ready")
-        except BaseException:
-            worker.kill()
-            os.close(pidfd)
-            await worker.stream.aclose()
-            raise
-        return worker
+            pidfd = -1  # exited at once: its channel reads as closed, its status comes from the zygote
+        return Worker(pid, pidfd, trio.SocketStream(trio.socket.from_stdlib_socket(channel)), self.max_frame)
 
     async def _relay(self, worker: Worker) -> None:
-        """Route the worker's frames to their leases until its channel ends; then tell every lease left.
+        """Once the worker is ready, route its frames to their leases until its channel ends; then
+        tell every lease left. Once it has exited too, count and log how it ended.
 
         The channel is read to its end even after the process exits: the last
         messages of its executions may still be buffered there.
         """
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_exit, worker)
-            try:
-                while True:
-                    slot, message = await worker.receive()
-                    lease = worker.leases.get(slot)
-                    if lease is None or lease.finished or not isinstance(message, ipc.ToolCalls | ipc.Finished):
-                        raise WorkerLost(f"worker sent {type(message).__name__} for slot {slot}")
-                    if isinstance(message, ipc.Finished):
-                        lease.finished = True
-                    if lease.abandoned:
-                        if lease.finished:
-                            self._forget(lease)
-                        continue
-                    lease.deliver(message)
-            except WorkerLost as exc:
-                worker.kill()
-                for lease in worker.leases.values():
-                    if not lease.finished and not lease.abandoned:
-                        lease.lose(exc)
-        with trio.CancelScope(shield=True):
-            await worker.stream.aclose()
+        held = 0  # executions it hosted when its channel ended
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_exit, worker)
+                try:
+                    await self._ready(worker)
+                    while True:
+                        slot, message = await worker.receive()
+                        lease = worker.leases.get(slot)
+                        if lease is None or lease.finished or not isinstance(message, ipc.ToolCalls | ipc.Finished):
+                            raise WorkerLost(f"worker sent {type(message).__name__} for slot {slot}")
+                        if isinstance(message, ipc.Finished):
+                            lease.finished = True
+                        if lease.abandoned:
+                            if lease.finished:
+                                self._forget(lease)
+                            continue
+                        lease.deliver(message)
+                except WorkerLost as exc:
+                    held = sum(not lease.finished for lease in worker.leases.values())
+                    await self._lost(worker, exc)
+        finally:
+            with trio.CancelScope(shield=True):
+                await worker.stream.aclose()
+            self._count_exit(worker, held)
+
+    async def _ready(self, worker: Worker) -> None:
+        """Wait for the worker's Ready; then it takes executions."""
+        with trio.move_on_after(READY_TIMEOUT_S) as scope:
+            _, message = await worker.receive()
+        if scope.cancelled_caught:
+            worker.kill("start_timeout")
+            raise WorkerLost(f"worker not ready within {READY_TIMEOUT_S:g} s")
+        if not isinstance(message, ipc.Ready):
+            raise WorkerLost("worker did not start with Ready")
+        worker.ready = True
+        self.starting -= 1
+        self.workers.add(worker)
+        self._room.unpark_all()
+        self._wake_spawner.set()
+
+    async def _lost(self, worker: Worker, exc: WorkerLost) -> None:
+        """Every execution the worker still hosts learns it is lost, and the worker is killed, unless
+        its channel closed because it is exiting on its own: then its exit status says why."""
+        worker.alive = False
+        for lease in worker.leases.values():
+            if not lease.finished and not lease.abandoned:
+                lease.lose(exc)
+        if isinstance(exc, ChannelClosed):
+            with trio.move_on_after(CLOSED_EXIT_S):
+                await worker.gone.wait()
+        worker.kill("misbehaved")
 
     async def _watch_exit(self, worker: Worker) -> None:
-        """Wait for the worker to exit, whenever that is, and forget it."""
+        """Wait for the worker to exit, whenever that is; forget it; learn how it ended."""
         try:
             await worker.exited()
-        finally:
+        finally:  # also when the pool stops: the worker is stopped with it
             worker.alive = False
-            self.exits += 1
-            os.close(worker.pidfd)
-            worker.pidfd = -1
+            if worker.pidfd >= 0:
+                os.close(worker.pidfd)
+                worker.pidfd = -1
+            worker.gone.set()
             self.workers.discard(worker)
             self._wake_spawner.set()
+        with trio.CancelScope(shield=True):  # bounded: a pool that stops meanwhile still learns it
+            status = await self.zygote.exit_status(worker.pid)
+        worker.cause = exit_cause(status, worker.kill_reason)
+
+    def _count_exit(self, worker: Worker, held: int) -> None:
+        """Count the worker's exit by reason and say, in one line, how it ended."""
+        cause = worker.cause or ExitCause("shutdown", *STOPPED["shutdown"])
+        self.exits += 1
+        self.exit_reasons[cause.reason] = self.exit_reasons.get(cause.reason, 0) + 1
+        log.log(
+            cause.level,
+            "worker %d %s%s; executions held: %d%s",
+            worker.pid,
+            "" if worker.ready else "failed to start: ",
+            cause.text,
+            held,
+            "" if cause.reason in {"idle", "shutdown"} else "; replaced",
+            extra={
+                "worker_pid": worker.pid,
+                "exit_reason": cause.reason,
+                "executions_held": held,
+                "executions_served": worker.started,
+            },
+        )
 
     async def acquire(self, tenant: str = "") -> Lease:
         """A slot in the least-loaded live worker of ``tenant``, else in a spare it claims; waits
@@ -399,7 +582,7 @@ class WorkerPool:
                 worker = min(candidates, key=lambda w: len(w.leases))
                 lease = worker.lease()
                 if worker.started >= self.lifetime:
-                    worker.retiring = True
+                    worker.retiring = "retired"
                     self._wake_spawner.set()
                 return lease
             self.waiting += 1
@@ -414,8 +597,7 @@ class WorkerPool:
         abandoned (see ``_abandon``). A worker that ``misbehaved`` (sent something invalid) may
         be taken over: it is killed, and the executions it hosts end with ``internal_error``."""
         if misbehaved and lease.worker.alive:
-            log.warning("worker %d sent an invalid message; killing it", lease.worker.pid)
-            lease.worker.kill()
+            lease.worker.kill("misbehaved")
         if lease.finished or not lease.worker.alive:
             self._forget(lease)
             return
@@ -435,11 +617,10 @@ class WorkerPool:
         # Slow to let go (a starved CPU) or stuck: take no new executions, so that the
         # worker ends with its last one; kill it only if the slot is still held much later.
         log.warning("worker %d has not let go of an aborted execution; retiring it", worker.pid)
-        self._retire(worker)
+        self._retire(worker, "slow_abort")
         await trio.sleep(STUCK_KILL_S)
         if worker.leases.get(lease.slot) is lease:
-            log.warning("worker %d is stuck in an aborted execution; killing it with its others", worker.pid)
-            worker.kill()
+            worker.kill("stuck")
 
     def _forget(self, lease: Lease) -> None:
         worker = lease.worker
@@ -447,12 +628,12 @@ class WorkerPool:
         if not worker.leases:
             worker.idle_since = trio.current_time()
             if worker.retiring:
-                worker.kill()
+                worker.kill(worker.retiring)
         self._room.unpark_all()
         self._wake_spawner.set()
 
-    def _retire(self, worker: Worker) -> None:
-        worker.retiring = True
+    def _retire(self, worker: Worker, reason: StopReason) -> None:
+        worker.retiring = worker.retiring or reason
         if not worker.leases:
-            worker.kill()
+            worker.kill(worker.retiring)
         self._wake_spawner.set()

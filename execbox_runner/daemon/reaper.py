@@ -6,7 +6,8 @@ zygote, or the zygote of a shard that died, become its children instead of
 going to PID 1, which in a container may be the daemon itself or something
 that never reaps. On every SIGCHLD it reaps what has exited. The processes it
 started with trio are reaped through their ``trio.Process`` (``poll``), which
-keeps their exit status for whoever waits on them; every other child directly.
+keeps their exit status for whoever waits on them; every other child directly,
+its wait status handed to ``on_exit`` (the pool: how an orphaned worker ended).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import ctypes
 import os
 import signal
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, TypeAlias
 
 import trio
 
 PR_SET_CHILD_SUBREAPER: Final = 36
+OnExit: TypeAlias = Callable[[int, int], None]  # (pid, wait status) of a child reaped directly
 
 
 def become_subreaper() -> None:
@@ -27,8 +29,9 @@ def become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
-def reap(owned: Sequence[trio.Process]) -> None:
-    """Reap every child that has exited, ``owned`` ones through trio. Never blocks."""
+def reap(owned: Sequence[trio.Process], on_exit: OnExit | None = None) -> None:
+    """Reap every child that has exited, ``owned`` ones through trio; ``on_exit(pid, status)`` for
+    the others. Never blocks."""
     for process in owned:
         process.poll()
     pids = {process.pid for process in owned}
@@ -39,12 +42,14 @@ def reap(owned: Sequence[trio.Process]) -> None:
             return  # no children at all
         if exited is None or exited.si_pid in pids:
             return  # none exited; or an owned one exited since its poll: its SIGCHLD is on the way
-        os.waitpid(exited.si_pid, os.WNOHANG)
+        pid, status = os.waitpid(exited.si_pid, os.WNOHANG)
+        if on_exit is not None and pid:
+            on_exit(pid, status)
 
 
-async def reap_on_exits(owned: Callable[[], Sequence[trio.Process]]) -> None:
+async def reap_on_exits(owned: Callable[[], Sequence[trio.Process]], on_exit: OnExit | None = None) -> None:
     """Reap whenever a child exits, until cancelled."""
     with trio.open_signal_receiver(signal.SIGCHLD) as exits:
-        reap(owned())
+        reap(owned(), on_exit)
         async for _ in exits:
-            reap(owned())
+            reap(owned(), on_exit)

@@ -20,8 +20,10 @@ from msgspec import Struct
 from .messages import ErrorCode
 
 HEADER: Final = struct.Struct(">I")
-# The zygote's answer to a fork request: the new worker's PID.
-FORKED: Final = struct.Struct(">I")
+# What the zygote tells the daemon on its control socket: (kind, worker PID, wait status).
+ZYGOTE_REPORT: Final = struct.Struct(">cII")
+FORKED: Final = b"F"  # the answer to a fork request: the new worker's PID (status 0)
+EXITED: Final = b"X"  # a worker the zygote reaped, with its ``waitpid`` status
 
 
 class Run(Struct, array_like=True, tag=0):

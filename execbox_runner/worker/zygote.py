@@ -8,10 +8,15 @@ becomes a worker (``loop.Worker``), confining itself before it says Ready.
 
 Protocol on the control socket (a Unix socketpair with the daemon): the daemon
 sends one byte carrying the new worker's channel as an SCM_RIGHTS descriptor;
-the zygote forks and answers with the child's PID (4 bytes, big-endian).
-The zygote reaps its children (so their CPU time is accounted to it); the
-daemon follows each one through a pidfd, which also makes killing it safe
-against PID reuse.
+the zygote forks and answers ``FORKED`` with the child's PID
+(``ipc.ZYGOTE_REPORT``). The zygote reaps its children (so their CPU time is
+accounted to it) and reports each one's wait status (``EXITED``): only the
+parent can learn it, and it is how the daemon tells a crash (SIGSEGV, the
+OOM killer's SIGKILL, SIGXCPU) from a worker it stopped itself. Reaping is
+done by the main loop, woken by SIGCHLD through a wakeup pipe, so a report
+never interleaves with an answer and a worker's ``FORKED`` always precedes
+its ``EXITED``. The daemon follows each worker through a pidfd, which also
+makes killing it safe against PID reuse.
 
 It imports only what workers need (no trio, no websockets): the smaller the
 process, the cheaper each fork. The daemon's side is ``pool.ZygoteClient``.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
 import socket
 import sys
@@ -34,38 +40,59 @@ from .normalize import normalize
 
 
 def serve(control: socket.socket, args: argparse.Namespace) -> None:
-    """Fork a worker for each request until the daemon closes the control socket."""
+    """Fork a worker for each request, and report each one that exits, until the daemon goes away."""
     if not args.no_sandbox:
         sandbox.isolate()  # the network namespace and user every worker shares
     normalize("0")
     # Each child inherits its own copy of this runtime, fresh and never used here.
     runtime = fresh_runtime()
-    signal.signal(signal.SIGCHLD, _reap_children)
+    wakeup, wakeup_in = os.pipe()
+    os.set_blocking(wakeup, False)
+    os.set_blocking(wakeup_in, False)
+    signal.set_wakeup_fd(wakeup_in, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler, so SIGCHLD reaches the wakeup pipe
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    poller.register(wakeup, select.POLLIN)
     while True:
         try:
+            ready = {fd for fd, _ in poller.poll()}
+            if wakeup in ready:
+                os.read(wakeup, 4096)
+                _report_exits(control)
+            if control.fileno() not in ready:
+                continue
             _, fds, _, _ = socket.recv_fds(control, 1, 1)
         except OSError:
-            return
-        if not fds:
             return  # the daemon went away
+        if not fds:
+            return  # the daemon closed the control socket
         channel = fds[0]
         pid = os.fork()
         if pid == 0:
-            control.close()
+            signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            control.close()
+            os.close(wakeup)
+            os.close(wakeup_in)
             os._exit(loop.run(channel, args, runtime))
         os.close(channel)
-        control.sendall(ipc.FORKED.pack(pid))
+        try:
+            control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.FORKED, pid, 0))
+        except OSError:
+            return
 
 
-def _reap_children(signum: int, frame: object) -> None:
+def _report_exits(control: socket.socket) -> None:
+    """Reap every child that has exited and tell the daemon how each one ended."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.EXITED, pid, status))
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,248 @@
+"""Every worker exit is one log line saying why, and is counted by reason (issue 14, item 4):
+stopped by the daemon (retired, misbehaved, shutting down...) or died on its own (a signal,
+told apart from the daemon's own SIGKILL, or an exit status). Real daemons, real signals."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from execbox_runner.daemon.config import Settings
+from execbox_runner.daemon.pool import WorkerPool
+from execbox_runner.daemon.reaper import PR_SET_CHILD_SUBREAPER
+from execbox_runner.daemon.server import worker_arguments
+from execbox_runner.protocol import ipc
+
+from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, stop
+
+WAIT_S = 10.0  # a bound on how long a line may take to appear, not a measurement
+
+MISBEHAVING_CHANNEL = textwrap.dedent(
+    """
+    import os
+
+    if os.environ.get("EXECBOX_TEST_MISBEHAVING_WORKER"):
+        from execbox_runner.protocol import ipc
+
+        _frame = ipc.frame
+
+        def frame(slot, message):
+            if isinstance(message, ipc.Finished) and message.result == b'"deep result"':
+                return _frame(slot, ipc.Finished(True, b"[" * 100_000 + b"]" * 100_000, None, "", []))
+            if isinstance(message, ipc.Finished) and message.result == b'"wrong slot"':
+                return _frame(slot + 1000, message)
+            return _frame(slot, message)
+
+        ipc.frame = frame
+    """
+)
+
+
+def exit_lines(daemon: Daemon) -> list[dict[str, Any]]:
+    return [
+        line
+        for line in (json.loads(text) for text in daemon.log_lines() if text.startswith("{"))
+        if line.get("logger") == "execbox_runner.daemon.pool" and "exit_reason" in line
+    ]
+
+
+def exit_line(daemon: Daemon, pid: int) -> dict[str, Any]:
+    """The one line that says how worker ``pid`` ended, once it is written."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        lines = [line for line in exit_lines(daemon) if line["worker_pid"] == pid]
+        if lines:
+            assert len(lines) == 1, lines
+            return lines[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no exit line for worker {pid}: {exit_lines(daemon)}")
+
+
+@contextlib.contextmanager
+def parked(daemon: Daemon, exec_id: str) -> Iterator[Any]:
+    """A connection whose execution awaits a tool that never answers."""
+    with client(daemon.url) as ws:
+        ws.send(execute(exec_id, "await tools.hang({})", timeoutMs=60_000))
+        assert receive(ws)["type"] == "started"
+        assert receive(ws)["type"] == "tool_call"
+        yield ws
+
+
+@pytest.mark.parametrize(
+    ("sig", "reason", "words"),
+    [
+        (signal.SIGSEGV, "signal_SIGSEGV", "died of SIGSEGV"),
+        (signal.SIGKILL, "signal_SIGKILL", "not sent by the daemon"),
+        (signal.SIGXCPU, "signal_SIGXCPU", "RLIMIT_CPU"),
+    ],
+)
+def test_a_worker_that_dies_of_a_signal_says_which_with_the_executions_it_held(
+    sig: signal.Signals, reason: str, words: str
+) -> None:
+    with running_daemon("--warm-workers", "1") as d:
+        (worker,) = d.workers()  # the warm spare, which the first execution claims
+        with contextlib.ExitStack() as stack:
+            sessions = [stack.enter_context(parked(d, f"p{i}")) for i in range(2)]
+            os.kill(worker, sig)
+            assert {receive(ws)["error"]["code"] for ws in sessions} == {"internal_error"}
+        line = exit_line(d, worker)
+        assert (line["level"], line["exit_reason"], line["executions_held"]) == ("warning", reason, 2)
+        assert words in line["message"] and line["message"].endswith("; replaced")
+        with client(d.url) as ws:  # replaced: the daemon serves on
+            assert run_to_done(ws, "after", "1 + 1")["result"] == 2
+
+
+def test_a_retired_worker_and_the_shutdown_are_info_lines_with_their_reason() -> None:
+    with running_daemon("--warm-workers", "1", "--max-executions-per-worker", "1") as d:
+        with client(d.url) as ws:
+            assert run_to_done(ws, "only", "await tools.echo(1)")["result"] == 1
+        retired = _wait_for(d, lambda lines: [line for line in lines if line["exit_reason"] == "retired"])
+        assert len(retired) == 1 and retired[0]["level"] == "info"
+        assert (retired[0]["executions_held"], retired[0]["executions_served"]) == (0, 1)
+        spares = d.workers()
+        assert stop(d.process) == 0
+        stopped = {line["worker_pid"]: line for line in exit_lines(d) if line["exit_reason"] == "shutdown"}
+    assert set(spares) <= set(stopped) and {line["level"] for line in stopped.values()} == {"info"}
+
+
+@pytest.fixture(scope="module")
+def misbehaving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    site = tmp_path_factory.mktemp("misbehaving")
+    (site / "sitecustomize.py").write_text(MISBEHAVING_CHANNEL)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    with running_daemon(env={"PYTHONPATH": path, "EXECBOX_TEST_MISBEHAVING_WORKER": "1"}) as d:
+        yield d
+
+
+@pytest.mark.parametrize("code", ["'deep result'", "'wrong slot'"])
+def test_a_worker_killed_for_misbehaving_says_so(misbehaving: Daemon, code: str) -> None:
+    """Deep JSON (the session finds it invalid) or a frame for a slot it was never given (the pool does)."""
+    before = set(misbehaving.workers())
+    with client(misbehaving.url) as ws:
+        assert run_to_done(ws, "bad", code)["error"]["code"] == "internal_error"
+    killed = _wait_for(misbehaving, lambda lines: [line for line in lines if line["worker_pid"] in before])
+    assert len(killed) == 1 and killed[0]["exit_reason"] == "misbehaved" and killed[0]["level"] == "warning"
+    assert "killed by the daemon" in killed[0]["message"]
+
+
+def _wait_for(daemon: Daemon, select: Any) -> list[dict[str, Any]]:
+    """``select(exit lines)`` once it is not empty (bounded)."""
+    deadline = time.monotonic() + WAIT_S
+    while not (found := select(exit_lines(daemon))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return list(found)
+
+
+# ------------------------------------------------------------------ the pool's counts
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[WorkerPool]:
+    """A real pool in this process, which becomes a subreaper for it and stops being one after."""
+    pool = WorkerPool(
+        warm=1,
+        max_workers=4,
+        capacity=8,
+        lifetime=2,
+        max_frame=1 << 20,
+        worker_args=worker_arguments(Settings()),
+        abandon_grace=2.5,
+    )
+    pids: set[int] = set()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            yield pool
+            pids.update(pool.pids)
+            nursery.cancel_scope.cancel()
+    finally:
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        reap(pids)
+
+
+def reap(pids: set[int]) -> None:
+    """Reap the pool's processes that came back to this process once the pool stopped (bounded)."""
+    deadline = time.monotonic() + WAIT_S
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:  # not ours (yet): still its zygote's, or gone
+                if not os.path.exists(f"/proc/{pid}"):
+                    break
+            time.sleep(0.02)
+
+
+async def wait_exits(pool: WorkerPool, count: int) -> None:
+    with trio.fail_after(WAIT_S):
+        while pool.exits < count:
+            await trio.sleep(0.02)
+
+
+async def test_the_pool_counts_exits_by_reason(pool: WorkerPool) -> None:
+    lease = await pool.acquire("tenant")
+    crashed = lease.worker.pid
+    os.kill(crashed, signal.SIGSEGV)
+    await wait_exits(pool, 1)
+    assert pool.exit_reasons == {"signal_SIGSEGV": 1}
+    pool.release(lease)
+    # Two executions are this pool's worker lifetime: the second retires its worker.
+    for _ in range(2):
+        lease = await pool.acquire("tenant")
+        await lease.send(ipc.Run("1", 5.0, 1 << 24, 10, 1000, [], 1 << 20))
+        assert isinstance(await lease.receive(), ipc.Finished)
+        pool.release(lease)
+    await wait_exits(pool, 2)
+    assert pool.exit_reasons == {"signal_SIGSEGV": 1, "retired": 1}
+    assert pool.exits == sum(pool.exit_reasons.values()) == 2
+
+
+async def test_a_worker_that_outlived_its_zygote_still_says_how_it_died(pool: WorkerPool) -> None:
+    """The zygote is gone, so the daemon's reaper learns the orphan's status instead."""
+    lease = await pool.acquire("tenant")
+    with trio.fail_after(WAIT_S):  # the spare that replaces the one claimed is up: no fork under way
+        while pool.starting or len(pool.workers) < 2:
+            await trio.sleep(0.02)
+    assert pool.zygote.process is not None
+    pool.zygote.process.kill()
+    with trio.fail_after(WAIT_S):
+        while _parent(lease.worker.pid) != os.getpid():  # the orphan comes back to us, a subreaper
+            await trio.sleep(0.02)
+    os.kill(lease.worker.pid, signal.SIGSEGV)
+    await wait_exits(pool, 1)
+    assert pool.exit_reasons == {"signal_SIGSEGV": 1}
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_exit_statuses_of_real_processes_read_as_their_reasons() -> None:
+    """The wait statuses the zygote reports, from real processes: a signal, an exit status."""
+    from execbox_runner.daemon.pool import exit_cause
+
+    def status_of(command: list[str], sig: int | None = None) -> int:
+        child = subprocess.Popen(command)
+        if sig is not None:
+            os.kill(child.pid, sig)
+        return os.waitpid(child.pid, 0)[1]
+
+    assert exit_cause(status_of(["sh", "-c", "exit 3"]), None).reason == "exit_3"
+    assert exit_cause(status_of(["sleep", "60"], signal.SIGTERM), "idle").reason == "signal_SIGTERM"
+    killed = status_of(["sleep", "60"], signal.SIGKILL)
+    assert exit_cause(killed, None).reason == "signal_SIGKILL"
+    assert exit_cause(killed, "idle").reason == "idle"  # the daemon's own SIGKILL
+    assert exit_cause(None, "stuck").reason == "unknown"
