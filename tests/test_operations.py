@@ -219,6 +219,8 @@ def test_one_json_log_line_per_execution_without_guest_code_unless_asked() -> No
         assert executions["logged"]["outcome"] == "ok" and executions["logged"]["tool_calls"] == 1
         assert executions["failing"]["error_code"] == "runtime_error"
         assert executions["logged"]["peer"].startswith("127.0.0.1:") and executions["logged"]["duration_ms"] > 0
+        # One session: one correlation id (see test_correlation.py)
+        assert executions["logged"]["correlation_id"] == executions["failing"]["correlation_id"]
         assert ("guest_code" in executions["logged"]) is logged
         if not logged:  # guest code, tool inputs and results are never logged by default
             assert "secret" not in text
@@ -248,6 +250,11 @@ def test_recorded_sessions_replay_with_no_difference(tmp_path: Path) -> None:
         assert len(transcripts) == 2
         summaries = [json.loads(path.with_suffix(".summary.json").read_text()) for path in transcripts]
         assert [e["id"] for s in summaries for e in s["executions"]] == ["rec-tools", "rec-error", "rec-cancel"]
+        # Each record carries its session's correlation id, and still replays.
+        assert len({s["correlation_id"] for s in summaries}) == 2
+        assert [json.loads(path.read_text().splitlines()[0])["correlation_id"] for path in transcripts] == [
+            s["correlation_id"] for s in summaries
+        ]
         replay = subprocess.run(
             [sys.executable, "-m", "execbox_runner", "replay", *map(str, transcripts), "--url", d.url],
             capture_output=True,

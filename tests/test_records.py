@@ -60,7 +60,7 @@ def test_a_long_recorded_session_streams_to_disk_in_bounded_memory(tmp_path: Pat
 async def test_a_record_that_cannot_be_written_is_logged_once_and_the_session_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    recorder = Recorder(tmp_path / "removed", "127.0.0.1:1")  # its directory is gone
+    recorder = Recorder(tmp_path / "removed", "127.0.0.1:1", "c0ffee")  # its directory is gone
     recorder.host_text(execute("lost", "1").encode())
     await recorder.flush()
     recorder.runner(json.dumps({"type": "started", "id": "lost"}).encode())

@@ -62,7 +62,9 @@ class Connection:
         self.stream = stream
         self.peer = peer
         self._requested = requested  # called once the peer's handshake request has arrived
-        self.recorder = Recorder(record_dir, peer) if record_dir is not None else None
+        self._record_dir = record_dir
+        self.recorder: Recorder | None = None  # with --record-dir, made at the handshake
+        self.correlation_id = ""  # in every log line and the record of the session (set at the handshake)
         self._closed_by_us = False
         self.pool = pool
         self.settings = settings
@@ -153,7 +155,12 @@ class Connection:
                         await self._respond(answer)
                         return None
                     self.tenant = endpoints.tenant(event, self.state)
-                    self.ws.send_response(self.ws.accept(event))
+                    self.correlation_id = logs.correlation_id(event.headers)
+                    if self._record_dir is not None:
+                        self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id)
+                    response = self.ws.accept(event)
+                    response.headers["X-Request-Id"] = self.correlation_id  # for the host's own logs
+                    self.ws.send_response(response)
                     await self._flush()
                     if self.ws.state is State.OPEN:
                         self.state.sessions += 1
@@ -286,7 +293,9 @@ class Connection:
             self.recorder.execution_ended(record)
         if self.state.metrics is not None:
             self.state.metrics.execution_ended(record)
-        logs.execution_ended(record, self.peer, record.guest_code if self.settings.log_guest_code else None)
+        logs.execution_ended(
+            record, self.peer, self.correlation_id, record.guest_code if self.settings.log_guest_code else None
+        )
 
     async def _record(self, step: Callable[[Recorder], None]) -> None:
         """With --record-dir: record one step and put it on disk before the session moves on."""

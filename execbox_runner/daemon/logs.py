@@ -1,23 +1,36 @@
 """The daemon's logs: JSON lines (or plain text), one line per execution at least.
 
-Execution lines carry the id, outcome, error code, duration, tool-call count
-and peer, and the codes of failing tool results that were outside the stable
-set (the guest saw them as ``tool_error``). Guest code is never logged unless the operator asks for it
-(``--log-guest-code``); tool inputs and results are never logged.
+Execution lines carry the id, outcome, error code, duration, tool-call count,
+peer and the session's correlation id, and the codes of failing tool results
+that were outside the stable set (the guest saw them as ``tool_error``). Guest
+code is never logged unless the operator asks for it (``--log-guest-code``);
+tool inputs and results are never logged.
+
+The correlation id ties a session's lines (and its record) to the host's own
+logs: the trace id of the handshake's W3C ``traceparent``, else its
+``X-Request-Id``, else a new one. A header that is not well formed is ignored,
+so a peer can neither forge an odd-looking id nor flood a line with one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
+import uuid
 from typing import Final
+
+from websockets.datastructures import Headers
 
 from ..protocol.session import ExecutionEnded
 
 EXECUTIONS: Final = logging.getLogger("execbox_runner.executions")
 _STANDARD_FIELDS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+# W3C Trace Context: version-traceid-parentid-flags, and more fields after them in later versions.
+_TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?")
+_REQUEST_ID: Final = re.compile(r"[ -~]{1,128}")  # printable ASCII, bounded
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,8 +60,28 @@ def configure(level: str, json_lines: bool) -> None:
     logging.getLogger("websockets").setLevel(logging.WARNING)
 
 
-def execution_ended(record: ExecutionEnded, peer: str, code: str | None) -> None:
-    """The execution line; ``code`` is the guest code, only when the operator logs it."""
+def correlation_id(headers: Headers) -> str:
+    """The session's correlation id, from its handshake's headers (see the module docstring)."""
+    traceparents = headers.get_all("traceparent")
+    if len(traceparents) == 1:
+        found = _TRACEPARENT.fullmatch(traceparents[0])
+        if (
+            found is not None
+            and found[1] != "ff"
+            and (found[1] != "00" or found[4] is None)
+            and found[2].strip("0")
+            and found[3].strip("0")
+        ):
+            return found[2]
+    request_ids = headers.get_all("X-Request-Id")
+    if len(request_ids) == 1 and _REQUEST_ID.fullmatch(request_ids[0]):
+        return request_ids[0]
+    return uuid.uuid4().hex
+
+
+def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: str | None) -> None:
+    """The execution line; ``correlation`` is its session's correlation id; ``code`` is the guest
+    code, only when the operator logs it."""
     fields: dict[str, object] = {
         "execution_id": record.id,
         "outcome": record.outcome,
@@ -56,6 +89,7 @@ def execution_ended(record: ExecutionEnded, peer: str, code: str | None) -> None
         "duration_ms": round(record.duration_s * 1000, 3),
         "tool_calls": record.tool_calls,
         "peer": peer,
+        "correlation_id": correlation,
     }
     if record.unknown_tool_codes:
         fields["unknown_tool_error_codes"] = list(record.unknown_tool_codes)

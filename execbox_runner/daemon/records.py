@@ -9,7 +9,9 @@ placeholders: ``durationMs`` as ``<number>``, and each ``callId`` as
 the runner chooses; the host's uses of it refer to the same name). Pauses of the
 host longer than ``PAUSE_MS`` become ``sleep_ms`` steps, so a cancel that came
 while the guest was busy comes while it is busy again. Beside each transcript,
-``.summary.json`` lists the session's executions.
+``.summary.json`` lists the session's executions. The session's correlation id
+(as in its log lines) is in the transcript's header line and in the summary;
+the harness ignores header fields it does not know, so records still replay.
 
 A transcript streams to disk as the session goes (each step is written, in a
 worker thread, before the session moves on), so recording holds a few of a
@@ -41,9 +43,10 @@ class Recorder:
     """One session's transcript: steps are queued as they happen, ``flush`` appends them to
     the file, ``close`` writes the rest and the summary when the session ends."""
 
-    def __init__(self, directory: Path, peer: str) -> None:
+    def __init__(self, directory: Path, peer: str, correlation_id: str) -> None:
         self.directory = directory
         self.peer = peer
+        self.correlation_id = correlation_id
         self.started = time.time()
         self.path: Path | None = None  # named by the first step (the first execute's id)
         self.executions: list[dict[str, Any]] = []
@@ -115,9 +118,12 @@ class Recorder:
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started)) + f"{self.started % 1:.6f}"[1:]
             name = _UNSAFE.sub("_", f"{stamp}-{first}")[:120]
             self.path = self.directory / f"{name}.jsonl"
-            self._pending.append(
-                json.dumps({"transcript": name, "description": f"recorded session from {self.peer} at {stamp}"})
-            )
+            header = {
+                "transcript": name,
+                "description": f"recorded session from {self.peer} at {stamp}",
+                "correlation_id": self.correlation_id,
+            }
+            self._pending.append(json.dumps(header))
         self._steps += 1
         self._pending.append(json.dumps(step))
 
@@ -136,6 +142,7 @@ class Recorder:
         summary = {
             "transcript": self.path.name,
             "peer": self.peer,
+            "correlation_id": self.correlation_id,
             "started": self.started,
             "executions": self.executions,
         }
