@@ -118,6 +118,11 @@ def test_sessions_need_a_valid_bearer_token(tmp_path: Path) -> None:
         ) as ws:
             assert run_to_done(ws, "origin", "3")["result"] == 3
         assert get(d, "/healthz")[0] == 200  # probes need no token
+        time.sleep(0.2)
+        refusals = [json.loads(line) for line in d.log_lines() if '"refusal"' in line]
+    # Each refusal's line names the peer it refused.
+    assert [line["refusal"] for line in refusals] == ["unauthorized"] * 4 + ["origin"]
+    assert all(line["peer"].startswith("127.0.0.1:") for line in refusals)
 
 
 def test_tokens_from_the_environment_work_too() -> None:

@@ -148,7 +148,7 @@ class Connection:
             for index, event in enumerate(events):
                 if isinstance(event, Request):
                     self._requested()
-                    answer = endpoints.route(event, self.state)
+                    answer = endpoints.route(event, self.state, peer=self.peer)
                     if answer is None and self.ws.eof_sent:
                         answer = endpoints.bad_request("what followed the handshake request is not WebSocket frames")
                     if answer is not None:  # health, readiness, or a refused session
