@@ -8,6 +8,9 @@ import sys
 
 from execbox_runner.daemon.machine import usable_cores
 
+from .daemonkit import running_daemon
+from .test_startup_line import startup_lines
+
 PRINT_CORES = "from execbox_runner.daemon.machine import usable_cores; print(usable_cores())"
 
 
@@ -25,3 +28,21 @@ def test_a_process_pinned_to_one_core_counts_one() -> None:
         check=True,
     )
     assert pinned.stdout.strip() == "1"
+
+
+def shards_started(cores: set[int]) -> list[str]:
+    """The ``shard`` of each start-up line of a default daemon started on ``cores`` only."""
+    original = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)  # inherited by the daemon, as under taskset
+    try:
+        with running_daemon("--processes", "0") as daemon:
+            return sorted(line["shard"] for line in startup_lines(daemon))
+    finally:
+        os.sched_setaffinity(0, original)
+
+
+def test_by_default_one_daemon_process_serves_per_usable_core() -> None:
+    cores = os.sched_getaffinity(0)
+    assert shards_started({min(cores)}) == [""]  # one core: no supervisor, one daemon
+    if len(cores) > 1:
+        assert shards_started(cores) == [f"{index}/{len(cores)}" for index in range(len(cores))]

@@ -186,6 +186,7 @@ def test_info_reports_what_this_host_enforces() -> None:
     assert protections["network_namespace"]["enforced"] == CAPABILITIES.network_namespace
     assert report["limits"]["max_memory_limit_bytes"] == 512 << 20
     assert report["warnings"] == sandbox.warnings(protections)
+    assert report["network_mechanism"] == CAPABILITIES.network_mechanism
     off = json.loads(
         subprocess.run(
             [sys.executable, "-m", "execbox_runner", "info", "--json", "--sandbox", "false"],

@@ -325,6 +325,7 @@ def test_a_non_root_daemon_runs_guest_code_in_workers_off_the_network(
                 health = json.loads(answer.read())
             assert health["protections"]["network_namespace"] == {"requested": True, "enforced": True}
             assert "no_network_namespace" not in health["unsafe_settings"]
+            assert health["network_mechanism"] == "userns+netns"
             with client(url) as ws:
                 assert run_to_done(ws, "userns", "await tools.echo(6 * 7)")["result"] == 42
                 (zygote,) = children_of(process.pid)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import textwrap
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 import trio
 
 from execbox_runner.daemon.config import Settings
-from execbox_runner.daemon.pool import WorkerPool
+from execbox_runner.daemon.pool import WorkerLost, WorkerPool
 from execbox_runner.daemon.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.server import worker_arguments
 from execbox_runner.protocol import ipc
@@ -102,6 +103,11 @@ def test_a_worker_that_dies_of_a_signal_says_which_with_the_executions_it_held(
         assert words in line["message"] and line["message"].endswith("; replaced")
         with client(d.url) as ws:  # replaced: the daemon serves on
             assert run_to_done(ws, "after", "1 + 1")["result"] == 2
+        metrics_url = d.url.replace("ws://", "http://").rstrip("/") + "/metrics"
+        with urllib.request.urlopen(metrics_url, timeout=WAIT_S) as answer:
+            metrics = answer.read().decode()
+        assert f'execbox_worker_exits_total{{reason="{reason}"}} 1.0' in metrics.splitlines()
+        assert "execbox_worker_restarts_total 1.0" in metrics.splitlines()
 
 
 def test_a_retired_worker_and_the_shutdown_are_info_lines_with_their_reason() -> None:
@@ -148,8 +154,8 @@ def _wait_for(daemon: Daemon, select: Any) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ the pool's counts
 
 
-@pytest.fixture
-async def pool() -> AsyncIterator[WorkerPool]:
+@contextlib.asynccontextmanager
+async def running_pool(*worker_args: str) -> AsyncIterator[WorkerPool]:
     """A real pool in this process, which becomes a subreaper for it and stops being one after."""
     pool = WorkerPool(
         warm=1,
@@ -157,7 +163,7 @@ async def pool() -> AsyncIterator[WorkerPool]:
         capacity=8,
         lifetime=2,
         max_frame=1 << 20,
-        worker_args=worker_arguments(Settings()),
+        worker_args=[*worker_arguments(Settings()), *worker_args],
         abandon_grace=2.5,
     )
     pids: set[int] = set()
@@ -170,6 +176,12 @@ async def pool() -> AsyncIterator[WorkerPool]:
     finally:
         ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
         reap(pids)
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[WorkerPool]:
+    async with running_pool() as pool:
+        yield pool
 
 
 def reap(pids: set[int]) -> None:
@@ -224,6 +236,17 @@ async def test_a_worker_that_outlived_its_zygote_still_says_how_it_died(pool: Wo
     os.kill(lease.worker.pid, signal.SIGSEGV)
     await wait_exits(pool, 1)
     assert pool.exit_reasons == {"signal_SIGSEGV": 1}
+
+
+async def test_a_worker_killed_at_its_cpu_time_backstop_says_so() -> None:
+    """RLIMIT_CPU, soft and hard alike, ends a worker with SIGKILL: its zygote tells it from the OOM killer's."""
+    async with running_pool("--cpu-seconds", "1") as pool:
+        lease = await pool.acquire()
+        await lease.send(ipc.Run("while (true) {}", 60.0, 1 << 24, 10, 1000, [], 1 << 20))
+        with trio.fail_after(WAIT_S), pytest.raises(WorkerLost):
+            await lease.receive()
+        await wait_exits(pool, 1)
+        assert pool.exit_reasons == {"cpu_limit": 1}
 
 
 def _parent(pid: int) -> int:

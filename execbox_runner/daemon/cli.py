@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import ssl
 import sys
@@ -23,6 +22,7 @@ from .. import __version__
 from ..client.cli import add_exec_parser, run_exec
 from ..mcp.cli import add_mcp_parser, run_mcp
 from . import config, logs, supervisor
+from .machine import usable_cores
 from .server import UNSAFE_SETTINGS, CannotListen, ConfigurationError, Daemon, host_report, url
 
 log = logging.getLogger("execbox_runner")
@@ -87,6 +87,7 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     for name, state in report["protections"].items():  # type: ignore[attr-defined]
         status = "enforced" if state["enforced"] else ("NOT ENFORCEABLE" if state["requested"] else "off")
         print(f"  {name:<20} {status}")
+    print(f"network namespace made by: {report['network_mechanism']}")
     for warning in report["warnings"]:  # type: ignore[attr-defined]
         print(f"warning: {warning}")
     for name in report["unsafe_settings"]:  # type: ignore[attr-defined]
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     except (config.InvalidSetting, ConfigurationError, OSError, ssl.SSLError) as exc:
         print(f"execbox-runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    processes = settings.processes or os.cpu_count() or 1
+    processes = settings.processes or usable_cores()
     status = EXIT_OK
     try:
         if processes > 1 and not supervisor.is_shard():

@@ -25,6 +25,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
+from .machine import usable_cores
+
 ENV_PREFIX: Final = "EXECBOX_RUNNER_"
 TRUE_WORDS: Final = ("true", "1", "yes")
 FALSE_WORDS: Final = ("false", "0", "no")
@@ -37,7 +39,7 @@ class Settings:
     profile: str = "standard"
     host: str = "127.0.0.1"
     port: int = 8765
-    warm_workers: int = max(2, min(os.cpu_count() or 2, 8))
+    warm_workers: int = max(2, min(usable_cores(), 8))
     max_workers: int = 64
     max_executions_per_worker: int = 100_000
     processes: int = 0
@@ -67,7 +69,7 @@ class Settings:
     handshake_timeout: float = 10.0
     close_timeout: float = 2.0
     cancel_grace: float = 0.010
-    timeout_grace: float = 0.050
+    timeout_grace: float = 0.020
     log_level: str = "INFO"
     log_format: str = "json"
     log_guest_code: bool = False
@@ -137,7 +139,7 @@ HELP: dict[str, str] = {
     "handshake_timeout": "seconds a client has to complete the WebSocket handshake",
     "close_timeout": "seconds to wait for the host's half of the closing handshake",
     "cancel_grace": "seconds a cancelled worker has to hand over its last logs before done goes without them (hosts force-close 25 ms after cancel; 0: no wait)",
-    "timeout_grace": "seconds a timed-out worker has to hand over its last logs (hosts cancel 100 ms after timeoutMs; 0: no wait)",
+    "timeout_grace": "seconds a timed-out worker has to hand over its last logs; the worker ends the guest at the same deadline itself (hosts cancel 100 ms after timeoutMs; 0: no wait)",
     "log_level": "daemon log level; INFO logs one line per execution",
     "log_format": "json: one JSON object per line; text: human-readable",
     "record_dir": "write every session's transcript (JSONL, replayable with 'execbox-runner replay') and a summary here (created if missing)",

@@ -228,6 +228,7 @@ def _observation(path: str, request: Request, state: DaemonState, *, details: bo
                 "draining": state.draining,
                 "memory": {"used_bytes": state.memory_used, "budget_bytes": state.memory_budget},
                 "protections": state.report.get("protections"),
+                "network_mechanism": state.report.get("network_mechanism"),
                 "unsafe_settings": state.report.get("unsafe_settings"),
             },
         )

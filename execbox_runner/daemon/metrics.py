@@ -61,7 +61,7 @@ class LiveState:
     idle_workers: int
     busy_workers: int
     starting_workers: int
-    worker_exits: int
+    worker_exits: dict[str, int]  # by reason (``WorkerPool.exit_reasons``)
     refused: dict[str, int]
     draining: bool
     memory_used_bytes: int
@@ -88,8 +88,16 @@ class _Live(Collector):
         workers.add_metric(["starting"], state.starting_workers)
         yield workers
         yield CounterMetricFamily(
-            "execbox_worker_restarts", "Worker processes that exited and were replaced.", value=state.worker_exits
+            "execbox_worker_restarts",
+            "Worker processes that exited and were replaced.",
+            value=sum(state.worker_exits.values()),
         )
+        exits = CounterMetricFamily(
+            "execbox_worker_exits", "Worker processes that exited, by reason (see the README).", labels=["reason"]
+        )
+        for reason, count in sorted(state.worker_exits.items()):
+            exits.add_metric([reason], count)
+        yield exits
         refused = CounterMetricFamily(
             "execbox_rejected_handshakes", "Handshakes refused, by reason.", labels=["reason"]
         )
@@ -190,22 +198,27 @@ class Metrics:
                     states.append(LiveState(**json.loads(path.read_text())))
                 except (OSError, ValueError, TypeError):
                     continue  # a shard that is starting or gone
-        refused: dict[str, int] = {}
-        for state in states:
-            for reason, count in state.refused.items():
-                refused[reason] = refused.get(reason, 0) + count
         return LiveState(
             sessions=sum(s.sessions for s in states),
             max_sessions=sum(s.max_sessions for s in states),
             idle_workers=sum(s.idle_workers for s in states),
             busy_workers=sum(s.busy_workers for s in states),
             starting_workers=sum(s.starting_workers for s in states),
-            worker_exits=sum(s.worker_exits for s in states),
-            refused=refused,
+            worker_exits=_summed(s.worker_exits for s in states),
+            refused=_summed(s.refused for s in states),
             draining=any(s.draining for s in states),
             memory_used_bytes=sum(s.memory_used_bytes for s in states),
             memory_budget_bytes=sum(s.memory_budget_bytes for s in states),
         )
+
+
+def _summed(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by label, added up over shards."""
+    total: dict[str, int] = {}
+    for by_label in counts:
+        for label, count in by_label.items():
+            total[label] = total.get(label, 0) + count
+    return total
 
 
 def live_state_file(pid: int) -> str:

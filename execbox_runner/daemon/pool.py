@@ -27,8 +27,8 @@ SIGCHLD with the zygote itself: none is left a zombie, nor handed to PID 1
 
 Every worker exit is one log line saying why, and is counted by reason in
 ``exit_reasons``: stopped by the daemon (a label of ``STOPPED``), or died on
-its own (``signal_SIGSEGV``, ``signal_SIGKILL``: not the daemon's, so perhaps
-the OOM killer; ``signal_SIGXCPU``: its RLIMIT_CPU; ``exit_N``), or
+its own (``signal_SIGSEGV``; ``signal_SIGKILL``: not the daemon's, so perhaps
+the OOM killer; ``cpu_limit``: its RLIMIT_CPU backstop; ``exit_N``), or
 ``unknown``. Only a worker's parent learns its wait status: the zygote reports
 it for the workers it reaps, the daemon's reaper for orphans.
 """
@@ -50,6 +50,7 @@ import trio
 
 from ..protocol import ipc
 from . import reaper
+from .machine import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,12 @@ STOPPED: Final[dict[StopReason, tuple[int, str]]] = {
 }
 
 
-def exit_cause(status: int | None, killed: StopReason | None) -> ExitCause:
+def exit_cause(status: int | None, killed: StopReason | None, cpu_limit: bool = False) -> ExitCause:
     """How a worker with wait ``status`` (None: never reported) ended; ``killed`` is why the daemon
-    sent it SIGKILL, if it did. A SIGKILL the daemon did not send, or any other end, is the worker's own."""
+    sent it SIGKILL, if it did; ``cpu_limit``: the kernel's SIGKILL at its RLIMIT_CPU, as its zygote
+    saw. A SIGKILL the daemon did not send, or any other end, is the worker's own."""
+    if cpu_limit:
+        return ExitCause("cpu_limit", logging.WARNING, "killed by the kernel at its CPU-time backstop (RLIMIT_CPU)")
     if status is None:
         return ExitCause("unknown", logging.WARNING, "exited; how is unknown (no exit status reached the daemon)")
     if os.WIFEXITED(status):
@@ -236,6 +240,7 @@ class _Exit:
     def __init__(self) -> None:
         self.reported = trio.Event()
         self.status: int | None = None
+        self.cpu_limit = False  # killed at its CPU-time backstop
 
 
 class ZygoteClient:
@@ -298,7 +303,7 @@ class ZygoteClient:
                         self._exits[pid] = _Exit()
                         answers.send_nowait(pid)
                     else:
-                        self.exited(pid, status)
+                        self.exited(pid, status, cpu_limit=kind == ipc.CPU_LIMIT)
 
     async def fork(self) -> tuple[int, socket.socket]:
         """A new worker: its PID and the daemon's end of its channel."""
@@ -324,24 +329,26 @@ class ZygoteClient:
                 theirs.close()
             return pid, ours
 
-    def exited(self, pid: int, status: int) -> None:
-        """Worker ``pid`` ended with wait ``status``: reported by its zygote, or by the reaper when it
-        outlived its zygote."""
+    def exited(self, pid: int, status: int, *, cpu_limit: bool = False) -> None:
+        """Worker ``pid`` ended with wait ``status`` (``cpu_limit``: at its CPU-time backstop): reported
+        by its zygote, or by the reaper when it outlived its zygote."""
         ended = self._exits.get(pid)
         if ended is not None and not ended.reported.is_set():
             ended.status = status
+            ended.cpu_limit = cpu_limit
             ended.reported.set()
 
-    async def exit_status(self, pid: int) -> int | None:
-        """The wait status of worker ``pid``, which has exited; None if none is reported within
-        ``STATUS_WAIT_S`` (say, the zygote died between reaping it and reporting it)."""
+    async def exit_status(self, pid: int) -> tuple[int | None, bool]:
+        """The wait status of worker ``pid``, which has exited, and whether it was killed at its CPU-time
+        backstop; None if no status is reported within ``STATUS_WAIT_S`` (say, the zygote died between
+        reaping it and reporting it)."""
         ended = self._exits.get(pid)
         if ended is None:
-            return None
+            return None, False
         with trio.move_on_after(STATUS_WAIT_S):
             await ended.reported.wait()
         del self._exits[pid]
-        return ended.status
+        return ended.status, ended.cpu_limit
 
     def owned(self) -> list[trio.Process]:
         """The zygote, for the reaper: reaped through trio, so ``fork`` sees it is gone."""
@@ -375,7 +382,7 @@ class WorkerPool:
         # A worker start (fork, confinement, first runtime) costs milliseconds of CPU: under
         # a burst, starting one per waiting execution at once would starve the executions
         # of the CPU they wait for.
-        self.max_starting = max(1, os.cpu_count() or 1)
+        self.max_starting = usable_cores()
         self.warm = warm
         self.max_workers = max(max_workers, warm, 1)
         self.capacity = max(capacity, 1)
@@ -544,8 +551,8 @@ class WorkerPool:
             self.workers.discard(worker)
             self._wake_spawner.set()
         with trio.CancelScope(shield=True):  # bounded: a pool that stops meanwhile still learns it
-            status = await self.zygote.exit_status(worker.pid)
-        worker.cause = exit_cause(status, worker.kill_reason)
+            status, cpu_limit = await self.zygote.exit_status(worker.pid)
+        worker.cause = exit_cause(status, worker.kill_reason, cpu_limit)
 
     def _count_exit(self, worker: Worker, held: int) -> None:
         """Count the worker's exit by reason and say, in one line, how it ended."""

@@ -99,6 +99,7 @@ def host_report(settings: Settings) -> dict[str, object]:
         "profile": settings.profile,
         "interrupt_running_guests": native.SUPPORTED,
         "protections": protections,
+        "network_mechanism": sandbox.network_mechanism(settings.sandbox),
         "warnings": sandbox.warnings(protections),
         "unsafe_settings": unsafe_settings(settings, accepted_tokens(settings), protections),
         "limits": {
@@ -346,7 +347,7 @@ class Daemon:
             idle_workers=sum(1 for worker in pool.workers if not worker.leases),
             busy_workers=sum(1 for worker in pool.workers if worker.leases),
             starting_workers=pool.starting,
-            worker_exits=pool.exits,
+            worker_exits=dict(pool.exit_reasons),
             refused=dict(self.state.refusals.counts),
             draining=self.state.draining,
             memory_used_bytes=self.state.memory_used,

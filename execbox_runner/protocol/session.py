@@ -144,7 +144,7 @@ class Session:
         self,
         *,
         cancel_grace: float = 0.010,
-        timeout_grace: float = 0.050,
+        timeout_grace: float = 0.020,
         max_output_bytes: int = 16 << 20,
         max_timeout_ms: float = 300_000,
         max_memory_limit_bytes: int = 512 << 20,
