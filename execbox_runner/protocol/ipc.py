@@ -24,6 +24,7 @@ HEADER: Final = struct.Struct(">I")
 ZYGOTE_REPORT: Final = struct.Struct(">cII")
 FORKED: Final = b"F"  # the answer to a fork request: the new worker's PID (status 0)
 EXITED: Final = b"X"  # a worker the zygote reaped, with its ``waitpid`` status
+CPU_LIMIT: Final = b"C"  # as EXITED, for a worker the kernel killed at its CPU-time limit (RLIMIT_CPU)
 
 
 class Run(Struct, array_like=True, tag=0):

@@ -12,7 +12,10 @@ the zygote forks and answers ``FORKED`` with the child's PID
 (``ipc.ZYGOTE_REPORT``). The zygote reaps its children (so their CPU time is
 accounted to it) and reports each one's wait status (``EXITED``): only the
 parent can learn it, and it is how the daemon tells a crash (SIGSEGV, the
-OOM killer's SIGKILL, SIGXCPU) from a worker it stopped itself. Reaping is
+OOM killer's SIGKILL) from a worker it stopped itself. A worker's CPU-time
+backstop (RLIMIT_CPU, soft and hard alike) kills it with SIGKILL too: the
+zygote, which knows the limit and learns the CPU time its child used, reports
+that case as ``CPU_LIMIT``. Reaping is
 done by the main loop, woken by SIGCHLD through a wakeup pipe, so a report
 never interleaves with an answer and a worker's ``FORKED`` always precedes
 its ``EXITED``. The daemon follows each worker through a pidfd, which also
@@ -59,7 +62,7 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
             ready = {fd for fd, _ in poller.poll()}
             if wakeup in ready:
                 os.read(wakeup, 4096)
-                _report_exits(control)
+                _report_exits(control, None if args.no_sandbox else args.cpu_seconds)
             if control.fileno() not in ready:
                 continue
             _, fds, _, _ = socket.recv_fds(control, 1, 1)
@@ -83,16 +86,23 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
             return
 
 
-def _report_exits(control: socket.socket) -> None:
-    """Reap every child that has exited and tell the daemon how each one ended."""
+def _report_exits(control: socket.socket, cpu_limit_s: float | None) -> None:
+    """Reap every child that has exited and tell the daemon how each one ended; ``cpu_limit_s`` is
+    the CPU time after which the workers' backstop kills them (None: they have none)."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.EXITED, pid, status))
+        at_limit = (
+            cpu_limit_s is not None
+            and os.WIFSIGNALED(status)
+            and os.WTERMSIG(status) == signal.SIGKILL
+            and usage.ru_utime + usage.ru_stime >= cpu_limit_s
+        )
+        control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.CPU_LIMIT if at_limit else ipc.EXITED, pid, status))
 
 
 def main(argv: list[str]) -> int:
