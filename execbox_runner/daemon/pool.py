@@ -61,6 +61,8 @@ LEASE_BACKLOG: Final = 4096
 TENANT_IDLE_S: Final = 30.0
 # A retired worker still holding an aborted execution this long after its grace is stuck: killed.
 STUCK_KILL_S: Final = 30.0
+# How long a worker has to report its heaps when the memory budget is spent.
+MEASURE_TIMEOUT_S: Final = 1.0
 # A worker whose channel closed this long ago and that has not exited is killed.
 CLOSED_EXIT_S: Final = 1.0
 # How long an exited worker's wait status may take to reach the daemon before it is called unknown.
@@ -143,12 +145,35 @@ class Worker:
         self._next_slot = 0
         self._buffer = bytearray()
         self._send_lock = trio.Lock()
+        self._heaps: ipc.Heaps | None = None  # its answer to the last Measure
+        self._measured = trio.Event()
 
     def lease(self) -> Lease:
         self._next_slot += 1
         lease = self.leases[self._next_slot] = Lease(self, self._next_slot)
         self.started += 1
         return lease
+
+    async def heaps(self) -> list[tuple[Lease, int]]:
+        """Each running execution's lease and the bytes its heap holds, as the worker reports them;
+        nothing if it does not answer within ``MEASURE_TIMEOUT_S``. A worker could lie here: what
+        bounds it regardless is its address-space limit (see ``server.worker_heap_bytes``)."""
+        self._heaps, self._measured = None, trio.Event()
+        try:
+            await self.send(0, ipc.Measure())
+        except WorkerLost:
+            return []
+        with trio.move_on_after(MEASURE_TIMEOUT_S):
+            await self._measured.wait()
+        sizes: list[tuple[int, int]] = self._heaps.sizes if self._heaps is not None else []
+        leases = ((self.leases.get(slot), size) for slot, size in sizes)
+        return [
+            (lease, size) for lease, size in leases if lease is not None and not (lease.finished or lease.abandoned)
+        ]
+
+    def measured(self, heaps: ipc.Heaps) -> None:
+        self._heaps = heaps
+        self._measured.set()
 
     async def send(self, slot: int, message: ipc.ToWorker) -> None:
         async with self._send_lock:
@@ -493,6 +518,9 @@ class WorkerPool:
                     await self._ready(worker)
                     while True:
                         slot, message = await worker.receive()
+                        if slot == 0 and isinstance(message, ipc.Heaps):
+                            worker.measured(message)
+                            continue
                         lease = worker.leases.get(slot)
                         if lease is None or lease.finished or not isinstance(message, ipc.ToolCalls | ipc.Finished):
                             raise WorkerLost(f"worker sent {type(message).__name__} for slot {slot}")
@@ -510,6 +538,29 @@ class WorkerPool:
             with trio.CancelScope(shield=True):
                 await worker.stream.aclose()
             self._count_exit(worker, held)
+
+    async def evict_largest(self) -> tuple[Lease, int] | None:
+        """End the execution with the largest heap of all workers with ``memory_limit`` (the
+        daemon's memory budget is spent); which one, and its bytes, or None if none holds any."""
+        measured: list[tuple[Lease, int]] = []
+
+        async def measure(worker: Worker) -> None:
+            measured.extend(await worker.heaps())
+
+        async with trio.open_nursery() as nursery:
+            for worker in list(self.workers):
+                if worker.alive:
+                    nursery.start_soon(measure, worker)
+        if not measured:
+            return None
+        lease, size = max(measured, key=lambda pair: pair[1])
+        if size <= 0:
+            return None
+        try:
+            await lease.send(ipc.Evict())
+        except WorkerLost:
+            return None  # its relay sees the loss and ends its executions
+        return lease, size
 
     async def _ready(self, worker: Worker) -> None:
         """Wait for the worker's Ready; then it takes executions."""

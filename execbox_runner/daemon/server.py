@@ -61,7 +61,8 @@ ACCEPT_RETRY_S: Final = 0.1  # out of descriptors, none of them a handshake to s
 # Connections still in their handshake: at most this many, and at most a quarter of the descriptors.
 MAX_HANDSHAKES: Final = 1024
 LIVE_STATE_INTERVAL_S = 0.5
-MEMORY_SAMPLE_INTERVAL_S = 0.25
+MEMORY_SAMPLE_INTERVAL_S = 0.1
+EVICT_SETTLE_S: Final = 0.5
 
 
 # Settings that leave a runner open to more than its hosts: each one is a start-up warning, a name
@@ -473,9 +474,25 @@ class Daemon:
             nursery.start_soon(self._handle, tcp, serve)
 
     async def _sample_memory(self) -> None:
-        """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission."""
+        """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission, and
+        keep it within the budget: past it, the execution with the largest heap ends with
+        ``memory_limit`` (one at a time, ``EVICT_SETTLE_S`` apart, so that what it freed shows
+        before the next is chosen), rather than the kernel's OOM killer ending the daemon."""
         while True:
-            self.state.memory_used = resident_bytes([os.getpid(), *self.pool.pids])
+            used = self.state.memory_used = resident_bytes([os.getpid(), *self.pool.pids])
+            if used > self.state.memory_budget:
+                evicted = await self.pool.evict_largest()
+                if evicted is not None:
+                    lease, size = evicted
+                    log.warning(
+                        "memory budget spent (%d MiB of %d MiB): ending the largest execution (%d MiB, worker %d) with memory_limit",
+                        used >> 20,
+                        self.state.memory_budget >> 20,
+                        size >> 20,
+                        lease.worker.pid,
+                        extra={"memory_used_bytes": used, "evicted_heap_bytes": size, "worker_pid": lease.worker.pid},
+                    )
+                    await trio.sleep(EVICT_SETTLE_S)
             await trio.sleep(MEMORY_SAMPLE_INTERVAL_S)
 
     async def _summarize_refusals(self) -> None:

@@ -53,6 +53,15 @@ class Abort(Struct, array_like=True, tag=2):
     """Stop the current execution now: reject pending tools and unwind."""
 
 
+class Evict(Struct, array_like=True, tag=3):
+    """End the execution now with ``memory_limit``: the daemon's memory budget is spent and it
+    holds the largest heap."""
+
+
+class Measure(Struct, array_like=True, tag=4):
+    """(Slot 0) Report the heap of every execution this worker hosts (``Heaps``)."""
+
+
 class ToolCalls(Struct, array_like=True, tag=10):
     """Tool calls the guest made (``(call_id, provider, tool, input JSON or None)``)
     and log lines written since the last message."""
@@ -71,6 +80,13 @@ class Finished(Struct, array_like=True, tag=11):
     logs: list[str]
 
 
+class Heaps(Struct, array_like=True, tag=14):
+    """(Slot 0) The answer to ``Measure``: each hosted execution's slot and the bytes its QuickJS
+    runtime holds."""
+
+    sizes: list[tuple[int, int]]
+
+
 class Ready(Struct, array_like=True, tag=12):
     """The worker is initialised and waiting for a ``Run``."""
 
@@ -82,8 +98,8 @@ class Probed(Struct, array_like=True, tag=13):
     missing: list[str]
 
 
-ToWorker: TypeAlias = Run | Settle | Abort
-FromWorker: TypeAlias = ToolCalls | Finished | Ready | Probed
+ToWorker: TypeAlias = Run | Settle | Abort | Evict | Measure
+FromWorker: TypeAlias = ToolCalls | Finished | Ready | Probed | Heaps
 
 _encoder: Final = msgspec.msgpack.Encoder()
 to_worker_decoder: Final = msgspec.msgpack.Decoder(tuple[int, ToWorker])

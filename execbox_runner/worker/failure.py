@@ -25,6 +25,8 @@ from ..protocol.messages import ErrorCode
 from .normalize import Program
 
 MEMORY_MESSAGE: Final = "Memory limit exceeded"
+# An execution ended to keep the daemon within its memory budget (the largest heap goes first).
+BUDGET_MESSAGE: Final = "Memory limit exceeded: the runner's memory budget is spent"
 STACK_OVERFLOW: Final = "Maximum call stack size exceeded"  # its position is only the deepest call
 # The smallest memory a string over QuickJS's maximum length (2^30 - 1 code units) needs.
 LONGEST_STRING_BYTES: Final = 1 << 30

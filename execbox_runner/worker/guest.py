@@ -31,7 +31,7 @@ import quickjs
 from ..protocol import ipc
 from ..protocol.messages import ErrorCode
 from . import native
-from .failure import escaped_failure, guest_failure
+from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure
 from .normalize import normalize
 
 BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_text()
@@ -248,6 +248,14 @@ class GuestRun:
         except quickjs.JSException:
             pass  # the unwinding guest ran out of its budget; what it logged is still collected
         return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, self._salvage_logs())
+
+    def evict(self) -> ipc.Finished:
+        """The daemon's memory budget is spent and this is its largest guest: end it now with
+        ``memory_limit``, without letting it unwind (which would allocate)."""
+        self._stop_interrupts()
+        if self.finished is not None:
+            return self.finished
+        return self._finish(False, None, "memory_limit", BUDGET_MESSAGE, self._salvage_logs())
 
     # ------------------------------------------------------------------ outcomes
 

@@ -46,6 +46,7 @@ from typing import Final
 
 from ..protocol import ipc
 from . import sandbox
+from .failure import BUDGET_MESSAGE
 from .guest import STACK_BYTES, TIMEOUT_MESSAGE, GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
 
@@ -57,6 +58,7 @@ SWITCH_INTERVAL_S: Final = 0.0002
 NICENESS: Final = 10
 DEFAULT_THREADS: Final = 16
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
+NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
 
 
 @dataclass(eq=False)
@@ -164,12 +166,17 @@ class Worker:
     def _read(self) -> None:
         """The main thread: hand each message to its slot until the channel closes.
 
-        An Abort for a slot whose Run no runner has taken yet is answered here: nothing ran,
-        nothing is to unwind, and the runners may all be busy with spinning guests.
+        An Abort (or Evict) for a slot whose Run no runner has taken yet is answered here:
+        nothing ran, nothing is to unwind, and the runners may all be busy with spinning
+        guests. So is a Measure: the heaps are read without stopping any guest.
         """
         while True:
             slot, message = recv_to_worker(self.sock)
+            if isinstance(message, ipc.Measure):
+                self._send(0, ipc.Heaps(self._heaps()))
+                continue
             poke = None
+            stopping = isinstance(message, ipc.Abort | ipc.Evict)
             with self.lock:
                 hosted = self.hosted.get(slot)
                 if isinstance(message, ipc.Run):
@@ -177,13 +184,13 @@ class Worker:
                         continue  # the daemon never reuses a live slot: drop the duplicate
                     hosted = self.hosted[slot] = Hosted(slot, time.monotonic())
                 elif hosted is None:
-                    continue  # a late Settle/Abort for an execution that already finished
-                unstarted = isinstance(message, ipc.Abort) and isinstance(next(iter(hosted.mailbox), None), ipc.Run)
+                    continue  # a late Settle/Abort/Evict for an execution that already finished
+                unstarted = stopping and isinstance(next(iter(hosted.mailbox), None), ipc.Run)
                 if unstarted:
                     del self.hosted[slot]  # a runner that takes the slot up later finds its mailbox empty
                     hosted.mailbox.clear()
                 else:
-                    if isinstance(message, ipc.Abort):
+                    if stopping:
                         hosted.aborting = True
                         poke = hosted.guest
                     hosted.mailbox.append(message)
@@ -191,7 +198,7 @@ class Worker:
                         hosted.scheduled = True
                         self.ready.put(hosted)
             if unstarted:
-                self._send(slot, NOT_STARTED)
+                self._send(slot, NOT_STARTED_EVICTED if isinstance(message, ipc.Evict) else NOT_STARTED)
             elif poke is not None and self.interrupter is not None:
                 self.interrupter.request(poke)
 
@@ -237,7 +244,15 @@ class Worker:
         assert running is not None  # Run is always a slot's first message
         if isinstance(message, ipc.Settle):
             return running.settle(message)
+        if isinstance(message, ipc.Evict):
+            return running.evict()
         return running.abort()
+
+    def _heaps(self) -> list[tuple[int, int]]:
+        """Each started execution's slot and the bytes its runtime holds now."""
+        with self.lock:
+            guests = [(slot, hosted.guest) for slot, hosted in self.hosted.items() if hosted.guest is not None]
+        return [(slot, guest.memory.used) for slot, guest in guests]
 
     def _end(self, hosted: Hosted) -> None:
         with self.lock:

@@ -265,6 +265,11 @@ class MemoryLimit:
         """Allocations refused for this runtime so far."""
         return 0 if self._budget is None else self._budget.refusals
 
+    @property
+    def used(self) -> int:
+        """Bytes the runtime holds from its allocator now (0 where the hooks are not in place)."""
+        return 0 if self._budget is None else self._budget.allocator.size
+
 
 def _calloc_hook(key: int | None, count: int, size: int) -> int | None:
     budget = _budgets.get(key or 0)

@@ -1,0 +1,67 @@
+"""The daemon's memory budget holds while guests run: past it, the execution with the largest
+heap ends with ``memory_limit``, and the daemon and its other executions live on (issue 9, item 5).
+A real daemon with a small budget, a real guest that grows within its own limit."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from execbox_runner.worker.failure import BUDGET_MESSAGE
+
+from .daemonkit import client, execute, receive, run_to_done, running_daemon
+
+BUDGET = 300 << 20  # the idle daemon tree holds about 90 MiB
+# Grows by 4 MiB at a time, slowly enough for the daemon's sampling to see it, towards 480 MiB:
+# within its own memoryLimitBytes (512 MiB), far past what the budget leaves it.
+GROWER = """
+const kept = [];
+for (let i = 0; i < 120; i++) {
+  kept.push(new Uint8Array(4 << 20).fill(i));
+  const until = Date.now() + 10;
+  while (Date.now() < until) {}
+}
+kept.length
+"""
+WAIT_S = 30.0
+
+
+def test_past_the_budget_the_largest_execution_ends_with_memory_limit_and_the_others_live() -> None:
+    with running_daemon("--memory-budget-bytes", str(BUDGET), "--warm-workers", "1") as d:
+        with client(d.url) as parked, client(d.url) as grower:
+            parked.send(execute("parked", "const v = await tools.echo(41); v + 1", timeoutMs=60_000))
+            assert receive(parked)["type"] == "started"
+            call = receive(parked)
+            assert call["type"] == "tool_call"
+            grower.send(execute("grower", GROWER, timeoutMs=60_000, memoryLimitBytes=512 << 20))
+            assert receive(grower)["type"] == "started"
+            done = receive(grower, timeout=WAIT_S)
+            assert done["type"] == "done" and done["error"] == {"code": "memory_limit", "message": BUDGET_MESSAGE}
+            # The parked neighbour lives, and resumes.
+            parked.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 41}))
+            resumed = receive(parked)
+            assert resumed["type"] == "done" and resumed["ok"] and resumed["result"] == 42
+        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+        (evicted,) = [line for line in lines if line["message"].startswith("memory budget spent")]
+        assert evicted["level"] == "warning" and evicted["evicted_heap_bytes"] > 64 << 20
+        # The memory came back: a new session is admitted, and runs.
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                with client(d.url) as ws:
+                    assert run_to_done(ws, "after", "1 + 1")["result"] == 2
+                break
+            except Exception:  # 503 memory while the freed pages are still counted
+                time.sleep(0.2)
+        else:
+            raise AssertionError("no session admitted after the eviction")
+
+
+def test_within_the_budget_a_large_guest_ends_only_by_its_own_limit() -> None:
+    """The budget is not a second, smaller limit: a guest that fits it keeps growing to its own."""
+    with running_daemon("--memory-budget-bytes", str(2 << 30), "--warm-workers", "1") as d:
+        with client(d.url) as ws:
+            done = run_to_done(ws, "big", GROWER, timeoutMs=60_000, memoryLimitBytes=512 << 20)
+        assert done["ok"] and done["result"] == 120, done
+        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+        assert not [line for line in lines if line["message"].startswith("memory budget spent")]
