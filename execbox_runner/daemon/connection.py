@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+import msgspec
 import trio
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
@@ -350,7 +351,7 @@ class Connection:
             self._execution_task = trio.lowlevel.current_task()
             try:
                 lease = self.lease = await self.pool.acquire(self.tenant)
-                await lease.send(run)
+                await lease.send(self._left_of(run))
                 while self.lease is lease:  # until the session lets the slot go
                     message = await lease.receive()
                     now = trio.current_time()
@@ -365,6 +366,14 @@ class Connection:
                     # Cancelled between leasing the slot and the session letting it go.
                     self.lease = None
                     self.pool.release(lease)
+
+    def _left_of(self, run: ipc.Run) -> ipc.Run:
+        """``run`` with the time left of its budget now: a wait for room in the pool counts, so the
+        worker's own deadline (from the run's arrival) falls with the session's."""
+        deadline = self.session.deadline
+        if deadline is None:
+            return run
+        return msgspec.structs.replace(run, budget_s=max(0.0, deadline - trio.current_time()))
 
     async def _to_worker(self, message: ipc.Settle | ipc.Abort) -> None:
         lease = self.lease
