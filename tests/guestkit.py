@@ -118,7 +118,7 @@ def _run(
             try:
                 answer = host(provider, tool, value)
             except HostError as exc:
-                out = guest.settle(ipc.Settle(call_id=call_id, ok=False, code=exc.code, message=exc.message))
+                out = guest.settle(ipc.Settle.reject(call_id, exc.code, exc.message))
             else:
                 payload = None if answer is UNDEFINED else json.dumps(answer).encode()
                 out = guest.settle(ipc.Settle(call_id=call_id, ok=True, value=payload))

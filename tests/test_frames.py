@@ -269,6 +269,21 @@ def test_a_tool_result_1200_deep_with_lone_surrogates_reaches_the_guest(daemon: 
         assert receive(ws)["result"] == [1_200, 1, 0xD83D]
 
 
+def test_a_failing_tool_result_message_with_a_lone_surrogate_reaches_the_guest_unchanged(daemon: Daemon) -> None:
+    """As ``JSON.stringify`` of a split emoji sends it: the guest's error message holds the same code units."""
+    code = "let r; try { await tools.hang() } catch (e) { r = [e.code, e.message.length, e.message.charCodeAt(1)] } r"
+    with client(daemon.url) as ws:
+        ws.send(execute("e1", code))
+        assert receive(ws)["type"] == "started"
+        call = receive(ws)
+        error = b'{"code":"tool_error","message":"a\\ud83db"}'
+        ws.send(
+            b'{"type":"tool_result","callId":"' + call["callId"].encode() + b'","ok":false,"error":' + error + b"}",
+            text=True,
+        )
+        assert receive(ws)["result"] == ["tool_error", 3, 0xD83D]
+
+
 def test_a_second_execute_with_the_active_id_ends_it(daemon: Daemon) -> None:
     """A done is the last word for its id: nothing of the first execution follows it."""
     with awaiting_hang(daemon) as ws:

@@ -79,7 +79,7 @@ def test_tool_calls_are_numbered_and_results_correlated_once() -> None:
         {"type": "tool_result", "callId": "call-1", "ok": False, "error": {"code": "tool_error", "message": "no"}}
     ).encode()
     assert session.receive_text(failing, 0.4) == [
-        SendToWorker(ipc.Settle(call_id=1, ok=False, code="tool_error", message="no"))
+        SendToWorker(ipc.Settle.reject(1, "tool_error", "no"))
     ]
 
 
@@ -90,7 +90,7 @@ def test_a_tool_error_code_outside_the_stable_set_reaches_the_guest_as_tool_erro
         failing = {"type": "tool_result", "callId": call, "ok": False, "error": {"code": code, "message": "no page"}}
         (action,) = session.receive_text(json.dumps(failing).encode(), 0.2)
         expected = "tool_error" if code == "not_found" else code
-        assert action == SendToWorker(ipc.Settle(call_id=int(call[-1]), ok=False, code=expected, message="no page"))
+        assert action == SendToWorker(ipc.Settle.reject(int(call[-1]), expected, "no page"))
     finished = ipc.Finished(ok=False, result=None, code="tool_error", message="no page", logs=[])
     actions = session.worker_finished(finished, 0.3)
     assert sent(actions)[0]["error"] == {"code": "tool_error", "message": "no page"}

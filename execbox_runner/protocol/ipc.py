@@ -11,6 +11,7 @@ them into host frames without decoding them.
 
 from __future__ import annotations
 
+import json
 import struct
 from typing import Final, TypeAlias
 
@@ -40,13 +41,19 @@ class Run(Struct, array_like=True, tag=0):
 
 
 class Settle(Struct, array_like=True, tag=1):
-    """A tool result: resolve (``value`` is JSON text, None for undefined) or reject."""
+    """A tool result: resolve (``value`` is JSON text, None for undefined) or reject (``code``,
+    and ``message`` as JSON text: a host's message may hold lone surrogates, as JavaScript strings
+    do, and msgpack strings cannot; see ``reject``)."""
 
     call_id: int
     ok: bool
     value: bytes | None = None
     code: str = ""
-    message: str = ""
+    message: str = '""'
+
+    @classmethod
+    def reject(cls, call_id: int, code: str, message: str) -> Settle:
+        return cls(call_id=call_id, ok=False, code=code, message=json.dumps(message))
 
 
 class Abort(Struct, array_like=True, tag=2):

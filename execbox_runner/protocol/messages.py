@@ -228,7 +228,7 @@ def _decode_members(data: bytes, members: dict[str, tuple[int, int]]) -> HostMes
     A ``result`` stays the JSON text the host sent (lone surrogates and depth
     included: it reaches the guest unchanged). Every other member is a small
     value: its strings must be well-formed Unicode, as they travel on as text,
-    except an error's ``message``, which keeps its meaning as well as it can.
+    except an error's ``message``, which reaches the guest unchanged too.
     """
     fields: dict[str, object] = {}
     for key, (start, end) in members.items():
@@ -238,8 +238,10 @@ def _decode_members(data: bytes, members: dict[str, tuple[int, int]]) -> HostMes
             continue
         value = json.loads(text)
         if key == "error" and isinstance(value, dict) and isinstance(value.get("message"), str):
-            value["message"] = well_formed(value["message"])
-        _encoder.encode(value)  # raises UnicodeEncodeError on a lone surrogate
+            # The message reaches the guest as sent, lone surrogates included (ipc.Settle.reject).
+            _encoder.encode({**value, "message": ""})
+        else:
+            _encoder.encode(value)  # raises UnicodeEncodeError on a lone surrogate
         fields[key] = value
     message: HostMessage = msgspec.convert(fields, HostMessage)
     return message

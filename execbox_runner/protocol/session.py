@@ -269,7 +269,7 @@ class Session:
             # Liberal in what we accept: the guest sees a trusted tool_error, the log the host's code.
             ex.unknown_codes.append(code)
             code = "tool_error"
-        return [SendToWorker(ipc.Settle(call_id=call_id, ok=False, code=code, message=error.message))]
+        return [SendToWorker(ipc.Settle.reject(call_id, code, error.message))]
 
     def _bad_message(self, bad: BadMessage, now: float) -> list[Action]:
         if bad.execute_id is not None:

@@ -360,12 +360,13 @@
     return slice(`[[${calls}],[${lines}],${outcome === null ? "null" : outcome}]`, 0);
   };
 
-  const settle = (id, ok, valueText, code, message) => {
+  // ``messageText``: the rejection's message as JSON text (it may hold lone surrogates).
+  const settle = (id, ok, valueText, code, messageText) => {
     const callbacks = mapGet(pending, id);
     if (callbacks === undefined) return;
     mapDelete(pending, id);
     if (ok) callbacks[0](valueText === null || valueText === undefined ? undefined : parse(valueText));
-    else callbacks[1](trustedError(code, message));
+    else callbacks[1](trustedError(code, parse(messageText)));
   };
 
   const abort = () => {

@@ -182,7 +182,7 @@ class GuestRun:
         try:
             for call_id in oversized:
                 self._arm()
-                self.api("settle", call_id, False, None, "serialization_error", message)
+                self.api("settle", call_id, False, None, "serialization_error", json.dumps(message))
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         after = self.step()
