@@ -78,9 +78,7 @@ def test_tool_calls_are_numbered_and_results_correlated_once() -> None:
     failing = json.dumps(
         {"type": "tool_result", "callId": "call-1", "ok": False, "error": {"code": "tool_error", "message": "no"}}
     ).encode()
-    assert session.receive_text(failing, 0.4) == [
-        SendToWorker(ipc.Settle.reject(1, "tool_error", "no"))
-    ]
+    assert session.receive_text(failing, 0.4) == [SendToWorker(ipc.Settle.reject(1, "tool_error", "no"))]
 
 
 def test_a_tool_error_code_outside_the_stable_set_reaches_the_guest_as_tool_error_and_is_recorded() -> None:
