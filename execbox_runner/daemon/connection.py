@@ -331,11 +331,15 @@ class Connection:
         await self._write(b"".join(chunks))
 
     async def _write(self, data: bytes) -> None:
+        """Write ``data`` whole: it has left the protocol's buffer, so a write cut short by the
+        caller's cancellation would lose a frame (a ``done``) or garble the stream. Bounded by the
+        send timeout instead, past which the peer is dropped."""
         if not data:
             return
-        async with self._send_lock:
-            with trio.move_on_after(self.settings.send_timeout) as scope:
-                await self.stream.send_all(data)
+        with trio.CancelScope(shield=True):
+            async with self._send_lock:
+                with trio.move_on_after(self.settings.send_timeout) as scope:
+                    await self.stream.send_all(data)
         if scope.cancelled_caught:
             log.warning("dropping a peer that stopped reading")
             await self.stream.aclose()
@@ -354,13 +358,18 @@ class Connection:
                 await lease.send(self._left_of(run))
                 while self.lease is lease:  # until the session lets the slot go
                     message = await lease.receive()
+                    if self.lease is not lease:
+                        # The session let the slot go (and may run the next execution) while this
+                        # message was on its way: it is not the session's any more.
+                        break
                     now = trio.current_time()
                     if isinstance(message, ipc.ToolCalls):
                         await self._perform(self.session.worker_tool_calls(message, now))
                     elif isinstance(message, ipc.Finished):
                         await self._perform(self.session.worker_finished(message, now))
             except WorkerLost as exc:
-                await self._perform(self.session.worker_lost(trio.current_time(), str(exc)))
+                if self.lease is lease:
+                    await self._perform(self.session.worker_lost(trio.current_time(), str(exc)))
             finally:
                 if scope.cancel_called and lease is not None and self.lease is lease:
                     # Cancelled between leasing the slot and the session letting it go.

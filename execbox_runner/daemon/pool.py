@@ -61,6 +61,8 @@ LEASE_BACKLOG: Final = 4096
 TENANT_IDLE_S: Final = 30.0
 # A retired worker still holding an aborted execution this long after its grace is stuck: killed.
 STUCK_KILL_S: Final = 30.0
+# A worker that does not take a frame for this long has stopped reading its channel.
+SEND_TIMEOUT_S: Final = 10.0
 # How long a worker has to report its heaps when the memory budget is spent.
 MEASURE_TIMEOUT_S: Final = 1.0
 # A worker whose channel closed this long ago and that has not exited is killed.
@@ -176,11 +178,19 @@ class Worker:
         self._measured.set()
 
     async def send(self, slot: int, message: ipc.ToWorker) -> None:
-        async with self._send_lock:
-            try:
-                await self.stream.send_all(ipc.frame(slot, message))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise WorkerLost(str(exc)) from None
+        """Write one whole frame. Never cut short by the caller's cancellation (half a frame would
+        garble the channel for every execution on it): it is written within ``SEND_TIMEOUT_S`` or
+        the worker, which stopped reading, is killed. Callers that may be cancelled check before."""
+        with trio.CancelScope(shield=True):
+            async with self._send_lock:
+                with trio.move_on_after(SEND_TIMEOUT_S) as scope:
+                    try:
+                        await self.stream.send_all(ipc.frame(slot, message))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                        raise WorkerLost(str(exc)) from None
+        if scope.cancelled_caught:
+            self.kill("stuck")
+            raise WorkerLost(f"worker did not read its channel for {SEND_TIMEOUT_S:g} s")
 
     async def receive(self) -> tuple[int, ipc.FromWorker]:
         header = await self._read(ipc.HEADER.size)
@@ -238,9 +248,15 @@ class Lease:
         self.slot = slot
         self.finished = False  # the worker has sent this slot's Finished
         self.abandoned = False  # given up before it finished; the worker was told to abort
+        self.run_sent = False  # the Run is (being) written: the worker knows this slot
         self._inbox, self._outbox = trio.open_memory_channel[ipc.ToolCalls | ipc.Finished | WorkerLost](math.inf)
 
     async def send(self, message: ipc.ToWorker) -> None:
+        """Send ``message`` for this slot; a cancelled caller sends nothing. Past the check, the
+        frame is written whole, so ``run_sent`` is exact: a slot whose Run never left needs no Abort."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if isinstance(message, ipc.Run):
+            self.run_sent = True
         await self.worker.send(self.slot, message)
 
     async def receive(self) -> ipc.ToolCalls | ipc.Finished:
@@ -656,8 +672,8 @@ class WorkerPool:
         be taken over: it is killed, and the executions it hosts end with ``internal_error``."""
         if misbehaved and lease.worker.alive:
             lease.worker.kill("misbehaved")
-        if lease.finished or not lease.worker.alive:
-            self._forget(lease)
+        if lease.finished or not lease.worker.alive or not lease.run_sent:
+            self._forget(lease)  # nothing runs there (or it never started): nothing to abort
             return
         lease.abandoned = True
         assert self._nursery is not None
