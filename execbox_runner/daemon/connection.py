@@ -42,6 +42,7 @@ from .config import Settings
 from .endpoints import DaemonState
 from .pool import Lease, WorkerLost, WorkerPool
 from .records import Recorder
+from .streams import send_at_once
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,10 @@ class Connection:
         send timeout instead, past which the peer is dropped."""
         if not data:
             return
+        if not self._send_lock.locked():
+            data = data[send_at_once(self.stream, data) :]
+            if not data:
+                return
         with trio.CancelScope(shield=True):
             async with self._send_lock:
                 with trio.move_on_after(self.settings.send_timeout) as scope:
