@@ -42,7 +42,7 @@ from .config import Settings
 from .endpoints import DaemonState
 from .pool import Lease, WorkerLost, WorkerPool
 from .records import Recorder
-from .streams import send_at_once
+from .streams import nothing_unread, send_at_once
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,9 @@ class Connection:
         """Close like a lingering TCP close: stop sending, then read and discard what the
         peer still sends (bounded by close_timeout). Closing a socket that has unread data
         resets the connection, and the reset can overtake our close frame. TLS has no
-        half-close: its peers wait for us to close first, so there is nothing to linger for."""
-        if not self._eof or not isinstance(self.stream, trio.SocketStream):
+        half-close: its peers wait for us to close first, so there is nothing to linger for.
+        Nor is there when nothing is unread, the common case after a closing handshake."""
+        if not self._eof or not isinstance(self.stream, trio.SocketStream) or nothing_unread(self.stream):
             return
         with trio.move_on_after(self.settings.close_timeout):
             try:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import sys
 import time
-import uuid
 from typing import Final
 
 from websockets.datastructures import Headers
@@ -76,7 +76,7 @@ def correlation_id(headers: Headers) -> str:
     request_ids = headers.get_all("X-Request-Id")
     if len(request_ids) == 1 and _REQUEST_ID.fullmatch(request_ids[0]):
         return request_ids[0]
-    return uuid.uuid4().hex
+    return secrets.token_hex(16)
 
 
 def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: str | None) -> None:

@@ -13,6 +13,18 @@ import os
 import trio
 
 
+def nothing_unread(stream: trio.SocketStream) -> bool:
+    """Whether the peer has sent nothing that is still unread (or has closed its side): closing
+    now then cannot reset the connection. Reads nothing that would matter: it is only called once
+    the closing handshake is over, after which a peer sends no more data."""
+    try:
+        return not os.read(stream.socket.fileno(), 1)  # b"": the peer closed; a byte: something was unread
+    except BlockingIOError:
+        return True
+    except OSError:
+        return True  # broken or closed already: nothing to linger for
+
+
 def send_at_once(stream: trio.abc.Stream, data: bytes) -> int:
     """How much of ``data`` a plain socket stream took without blocking: 0 for other streams
     (TLS), a full buffer or a closed socket, which the caller's ``send_all`` then handles (and
