@@ -71,17 +71,20 @@
   const apply = (target, self, args) => recorded(reflectApply(target, self, args), apply);
   const recorders = new MapCtor(); // constructor -> its recording proxy
   const ERROR_CONSTRUCTORS = ["Error", "EvalError", "RangeError", "ReferenceError", "SyntaxError", "TypeError", "URIError", "AggregateError", "SuppressedError", "DOMException"];
+  // One handler for all the proxies (every trap works from its target): no guest code can reach
+  // a proxy's handler, and eleven copies would cost every runtime ~4 KiB.
+  const recorder = {
+    __proto__: null,
+    construct,
+    apply,
+    getPrototypeOf: (target) => {
+      const parent = getPrototypeOf(target);
+      const proxy = mapGet(recorders, parent);
+      return proxy === undefined ? parent : proxy;
+    },
+  };
   const recording = (raw) => {
-    const proxy = new ProxyCtor(raw, {
-      __proto__: null,
-      construct,
-      apply,
-      getPrototypeOf: (target) => {
-        const parent = getPrototypeOf(target);
-        const recorder = mapGet(recorders, parent);
-        return recorder === undefined ? parent : recorder;
-      },
-    });
+    const proxy = new ProxyCtor(raw, recorder);
     mapSet(recorders, raw, proxy);
     defineProperty(raw.prototype, "constructor", { value: proxy, writable: true, enumerable: false, configurable: true });
     return proxy;

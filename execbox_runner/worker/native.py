@@ -11,7 +11,8 @@ compiled code, nor say that an allocation was refused, and all three matter here
   so its logs can still be read.
 * ``Bytecode`` compiles the bootstrap once per process and loads it into each
   fresh context (``JS_WriteObject``/``JS_ReadObject``, exported by the
-  binding's library), about four times faster than compiling its source again.
+  binding's library), about four times faster than compiling its source again,
+  and without the source text every function would otherwise keep.
 * ``MemoryLimit`` enforces the guest's memory limit in QuickJS's allocator
   hooks (``JSRuntime.mf``, which the arena allocator calls for each 4 KiB arena
   and each large block) instead of QuickJS's own check, and counts what it
@@ -51,7 +52,11 @@ _FAR_PAST: Final = -(1 << 50)
 
 _EXCEPTION_TAG: Final = 6
 _EVAL_COMPILE_ONLY: Final = 1 << 5
+# Functions, without their source text: each function of a runtime would otherwise keep its own
+# copy of its text (for Function.prototype.toString), ~8.7 KiB of every runtime's heap for the
+# bootstrap. Its functions then print as native ones do; positions in stack traces stay.
 _WRITE_BYTECODE: Final = 1
+_STRIP_SOURCE: Final = 1 << 4
 _READ_BYTECODE: Final = 1
 
 
@@ -172,7 +177,8 @@ class Bytecode:
         if function.tag == _EXCEPTION_TAG:
             raise NativeError(f"{filename} does not compile")
         size = ctypes.c_size_t()
-        buffer = _lib.JS_WriteObject(_js_context(scratch), ctypes.byref(size), function, _WRITE_BYTECODE)
+        flags = _WRITE_BYTECODE | _STRIP_SOURCE
+        buffer = _lib.JS_WriteObject(_js_context(scratch), ctypes.byref(size), function, flags)
         _lib.JS_FreeValue(_js_context(scratch), function)
         if not buffer:
             raise NativeError(f"{filename} cannot be serialized")
@@ -209,6 +215,11 @@ class _Defaults:
 
 
 _defaults: Final = _Defaults(quickjs.Context()) if SUPPORTED else None
+
+
+def hooks_memory() -> bool:
+    """Whether ``MemoryLimit`` enforces limits in the allocator hooks (else QuickJS's own limit applies)."""
+    return _defaults is not None
 
 
 class _Budget:
