@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 import quickjs
 
 from execbox_runner.protocol import ipc
+from execbox_runner.worker import guest as guest_module
 from execbox_runner.worker import native
 from execbox_runner.worker.guest import GuestRun, fresh_runtime
+from execbox_runner.worker.loop import recv_exactly
 
 from .guestkit import run, run_message, value
+from .test_sandbox import receive, start_worker
 
 PARKED = "const r = await tools.slow({}); r + 1"
 SLOW = [("tools", ["slow"])]
@@ -44,3 +50,101 @@ def test_the_bootstrap_adds_little_to_a_fresh_runtime() -> None:
     bare = quickjs.Context().memory()["malloc_size"]
     prepared = fresh_runtime().context.memory()["malloc_size"]
     assert prepared - bare <= 48 * KIB, (prepared - bare) / KIB
+
+
+def test_a_finished_execution_frees_its_runtime_at_once() -> None:
+    guest = parked()
+    assert guest.memory.used > 64 * KIB
+    finished = guest.settle(ipc.Settle(call_id=1, ok=True, value=b"41"))
+    assert isinstance(finished, ipc.Finished) and finished.result == b"42"
+    assert not hasattr(guest, "context") and not hasattr(guest, "api")  # QuickJS freed it
+    assert guest.memory.used == 0
+    assert guest.interrupt() is False
+    # Whatever arrives late for it is answered from the outcome, never from the freed engine.
+    assert guest.settle(ipc.Settle(call_id=1, ok=True, value=b"1")) is finished
+    assert guest.step() is finished and guest.abort() is finished and guest.evict() is finished
+
+
+def test_an_aborted_or_evicted_parked_execution_frees_its_runtime() -> None:
+    aborted, evicted = parked("try { await tools.slow(1) } finally { console.log('bye') }"), parked()
+    assert (aborted.abort().logs, evicted.evict().code) == (["bye"], "memory_limit")
+    for guest in (aborted, evicted):
+        assert not hasattr(guest, "context") and guest.memory.used == 0
+
+
+def test_heaps_can_be_read_from_another_thread_while_runtimes_are_freed() -> None:
+    """The worker's reading thread answers Measure while runner threads end executions."""
+    guests = [parked() for _ in range(60)]
+    stop = threading.Event()
+    readings: list[int] = []
+
+    def measure() -> None:
+        while not stop.is_set():
+            readings.append(sum(guest.memory.used for guest in guests))
+
+    reader = threading.Thread(target=measure)
+    reader.start()
+    try:
+        for guest in guests:
+            assert isinstance(guest.settle(ipc.Settle(call_id=1, ok=True, value=b"1")), ipc.Finished)
+    finally:
+        stop.set()
+        reader.join()
+    assert readings and readings[-1] == 0 and sum(guest.memory.used for guest in guests) == 0
+
+
+def test_the_heap_is_trimmed_only_when_the_worker_shrinks() -> None:
+    runtime = 150 * KIB  # what QuickJS counts for a parked execution
+
+    def ends(shrinking: guest_module._Shrinking, count: int) -> int:
+        return sum(shrinking.ended(runtime) for _ in range(count))
+
+    burst = guest_module._Shrinking()
+    for _ in range(2000):
+        burst.started()
+    trims = ends(burst, 2000)
+    assert 5 <= trims <= 20  # each gives back tens of MiB, none hundreds
+    steady = guest_module._Shrinking()
+    for _ in range(64):
+        steady.started()
+    for _ in range(5000):  # one ends, one starts: the freed pages are reused at once
+        assert ends(steady, 1) == 0
+        steady.started()
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * KIB
+
+
+def test_a_confined_worker_gives_back_the_memory_of_executions_that_ended() -> None:
+    """Without trimming, a worker keeps the pages of every runtime it ever held resident."""
+    count = 400
+    process, sock = start_worker("--max-memory", str(512 * MIB), "--threads", "4")
+    with sock:
+        assert isinstance(receive(sock), ipc.Ready)
+        before = rss_bytes(process.pid)
+        for slot in range(1, count + 1):
+            sock.sendall(ipc.frame(slot, run_message(PARKED, providers=SLOW, budget=60)))
+        calls = {}
+        for _ in range(count):
+            slot, message = receive_any(sock)
+            assert isinstance(message, ipc.ToolCalls)
+            calls[slot] = message.calls[0][0]
+        held = rss_bytes(process.pid)
+        assert held - before > count * 150 * KIB
+        for slot, call_id in calls.items():
+            sock.sendall(ipc.frame(slot, ipc.Settle(call_id=call_id, ok=True, value=b"1")))
+        for _ in range(count):
+            slot, message = receive_any(sock)
+            assert isinstance(message, ipc.Finished) and message.result == b"2"
+        after = rss_bytes(process.pid)
+        assert after - before < (held - before) / 2, ((held - before) / MIB, (after - before) / MIB)
+    process.wait(timeout=30)
+
+
+def receive_any(sock: socket.socket) -> tuple[int, ipc.FromWorker]:
+    """The worker's next message, for whichever slot."""
+    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+    return ipc.from_worker_decoder.decode(recv_exactly(sock, length))

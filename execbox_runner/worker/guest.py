@@ -50,6 +50,16 @@ _CORES: Final = os.cpu_count() or 1
 ABORT_BUDGET_S: Final = 0.002
 TIMEOUT_MESSAGE: Final = "Execution timed out"
 
+# A worker's C heap keeps the pages of runtimes that ended resident (glibc gives back only its
+# top): one that held 2,000 parked executions would hold ~450 MiB after they all ended, counted
+# against the daemon's memory budget. So the heap is trimmed once runtimes holding this much
+# have ended since the last trim, if the worker now holds at most 3/4 of the runtimes it held at
+# its peak since then: it shrinks. Under a steady load the freed pages are soon reused, and
+# trimming would only fault them in again.
+TRIM_AFTER_BYTES: Final = 32 << 20
+# What a runtime holds beyond the bytes QuickJS counts (the free blocks of its 4 KiB arenas).
+_RUNTIME_SLACK_BYTES: Final = 64 << 10
+
 _Call = tuple[int, str, str, bool, msgspec.Raw]
 _poll_decoder: Final = msgspec.json.Decoder(tuple[list[_Call], list[str], list[msgspec.Raw] | None])
 _int_decoder: Final = msgspec.json.Decoder(int)
@@ -91,6 +101,54 @@ class _Interrupted(Exception):
     """Another thread asked this execution to stop (see ``GuestRun.interrupt``)."""
 
 
+class _Flag:
+    """Set once, read from any thread: what ``threading.Event`` offers here, without its
+    Condition (~1 KiB for each parked execution)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class _Shrinking:
+    """Whether the worker has shrunk enough since the last trim of its heap (see ``TRIM_AFTER_BYTES``).
+
+    A run dropped without finishing (a worker's bug) stays counted as live.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live = 0
+        self._peak = 0
+        self._freed = 0
+
+    def started(self) -> None:
+        with self._lock:
+            self._live += 1
+            self._peak = max(self._peak, self._live)
+
+    def ended(self, size: int) -> bool:
+        """A runtime of ``size`` bytes is about to be freed; True: trim the heap after it."""
+        with self._lock:
+            self._live -= 1
+            self._freed += size + _RUNTIME_SLACK_BYTES
+            if self._freed < TRIM_AFTER_BYTES or 4 * self._live > 3 * self._peak:
+                return False
+            self._freed = 0
+            self._peak = self._live
+            return True
+
+
+_shrinking: Final = _Shrinking()
+
+
 _NO_PROGRESS: Final = ipc.ToolCalls(calls=[], logs=[])
 
 
@@ -103,28 +161,51 @@ class GuestRun:
     running now, so that ``abort`` can follow without waiting for it.
     """
 
+    __slots__ = (
+        "__weakref__",
+        "_interrupt_lock",
+        "_max_output",
+        "_memory_limit",
+        "_refusals_before",
+        "_resumed",
+        "_run",
+        "abort_taken",
+        "api",
+        "context",
+        "deadline",
+        "finished",
+        "interrupt_requested",
+        "memory",
+        "program",
+        "waiting",
+    )
+
     def __init__(self, run: ipc.Run, runtime: Runtime | None = None, *, arrived: float | None = None) -> None:
         """``arrived``: when the worker received ``run`` (``time.monotonic()``), where its budget
         starts; a run may wait for a runner thread, and that wait is part of its timeout."""
-        self.run = run
+        self._run: ipc.Run | None = run  # until ``start``: a parked execution keeps only what it needs
+        self._max_output = run.max_output_bytes
+        self._memory_limit = run.memory_limit
         self.deadline = (time.monotonic() if arrived is None else arrived) + run.budget_s
         runtime = runtime or fresh_runtime()
         self.context = runtime.context
         self.api = runtime.api
         self.program = normalize(run.code)
         self.memory = native.MemoryLimit(self.context, run.memory_limit)
+        _shrinking.started()
         self._refusals_before = 0  # refusals when the guest last resumed
         self._resumed = False  # whether a tool result has resumed the guest
         self.waiting: set[int] = set()  # tool calls the guest awaits
         self.finished: ipc.Finished | None = None
         self.interrupt_requested = False
-        self.abort_taken = threading.Event()
+        self.abort_taken = _Flag()
         self._interrupt_lock = threading.Lock()
 
     # ------------------------------------------------------------------ driving
 
     def start(self) -> ipc.ToolCalls | ipc.Finished:
-        run = self.run
+        run, self._run = self._run, None
+        assert run is not None, "started twice"
         try:
             self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars)
             self._arm()
@@ -132,6 +213,7 @@ class GuestRun:
             main = self.context.eval(self.program.source)
             self._arm()
             self.api("start", main)
+            del main  # the runtime is freed as the execution ends: no reference may outlive it
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         except _Interrupted:
@@ -170,7 +252,7 @@ class GuestRun:
             return self._outcome(outcome, logs)
         forwarded: list[tuple[int, str, str, bytes | None]] = []
         oversized: list[int] = []
-        room = self.run.max_output_bytes
+        room = self._max_output
         for call_id, provider, tool, has_input, raw in calls:
             data = bytes(raw) if has_input else None
             room -= len(data or b"")
@@ -182,7 +264,7 @@ class GuestRun:
         if not oversized:
             return ipc.ToolCalls(calls=forwarded, logs=logs)
         # Too big to send: reject them in the guest like any unserializable input.
-        message = f"Guest code passed tool input larger than the runner's limit of {self.run.max_output_bytes} bytes"
+        message = f"Guest code passed tool input larger than the runner's limit of {self._max_output} bytes"
         try:
             for call_id in oversized:
                 self._arm()
@@ -201,6 +283,8 @@ class GuestRun:
         return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
 
     def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
+        if self.finished is not None:
+            return self.finished
         self._refusals_before = self.memory.refusals  # the guest resumes: older refusals are not its failure's
         self._resumed = True
         if message.call_id in self.waiting:
@@ -273,8 +357,8 @@ class GuestRun:
         status = _int_decoder.decode(outcome[0])
         if status == 1:
             result = bytes(outcome[1])
-            if len(result) > self.run.max_output_bytes:
-                message = f"Guest code returned a value of {len(result)} bytes, over the runner's limit of {self.run.max_output_bytes} bytes"
+            if len(result) > self._max_output:
+                message = f"Guest code returned a value of {len(result)} bytes, over the runner's limit of {self._max_output} bytes"
                 return self._finish(False, None, "serialization_error", message, logs)
             return self._finish(True, result, None, "", logs)
         if status == 2:
@@ -287,7 +371,7 @@ class GuestRun:
             _stack_decoder.decode(outcome[2]),
             self.program,
             refused=self._refused(),
-            memory_limit=self.run.memory_limit,
+            memory_limit=self._memory_limit,
             resumed=self._resumed,
         )
         return self._finish(False, None, code, message, logs)
@@ -321,4 +405,18 @@ class GuestRun:
         self, ok: bool, result: bytes | None, code: ErrorCode | None, message: str, logs: list[str]
     ) -> ipc.Finished:
         self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs)
+        self._release()
         return self.finished
+
+    def _release(self) -> None:
+        """Free the runtime as the execution ends, not when this object goes (a runner thread may
+        hold it until it takes other work), and trim the heap when the worker has shrunk.
+
+        Nothing calls into the engine once ``finished`` is set; ``interrupt`` pokes only under
+        its lock, and refuses once the abort is taken.
+        """
+        self._stop_interrupts()
+        size = self.memory.release()
+        del self.api, self.context
+        if _shrinking.ended(size):
+            native.trim_heap()
