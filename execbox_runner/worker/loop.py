@@ -33,6 +33,7 @@ import argparse
 import collections
 import heapq
 import itertools
+import math
 import os
 import queue
 import signal
@@ -92,10 +93,14 @@ class Interrupter:
             self._wake.notify()
 
     def watch(self, guest: GuestRun) -> None:
-        """Stop ``guest`` at its deadline if it is still running then."""
+        """Stop ``guest`` at its deadline if it is still running then. The thread is woken only
+        when this deadline comes first: it already sleeps until the earliest one (a wake-up per
+        execution would cost a thread switch each)."""
         with self._wake:
+            earliest = self._deadlines[0][0] if self._deadlines else math.inf
             heapq.heappush(self._deadlines, (guest.deadline, next(self._sequence), weakref.ref(guest)))
-            self._wake.notify()
+            if guest.deadline < earliest:
+                self._wake.notify()
 
     def forget(self, guest: GuestRun) -> None:
         with self._wake:
