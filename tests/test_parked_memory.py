@@ -112,6 +112,31 @@ def test_the_heap_is_trimmed_only_when_the_worker_shrinks() -> None:
         steady.started()
 
 
+KEPT_OUT_OF_MEMORY = (
+    "let kept;\nfunction fill() { const a = []; for (;;) a.push([a.length]) }\n"
+    "try { fill() } catch (e) { kept = e }\nawait tools.echo(1);\nthrow kept"
+)
+
+
+@pytest.mark.skipif(not native.hooks_memory(), reason="the reserve is the allocator hooks'")
+@pytest.mark.parametrize("offset", range(-32 * KIB, 32 * KIB, 8 * KIB))
+def test_quickjs_can_always_raise_its_out_of_memory_error_where_memory_ran_out(offset: int) -> None:
+    """Past a refusal the hooks leave room for the error, its message and stack, wherever the
+    limit falls among the arenas; without it the guest got null (21 of 32 limits around 8 MiB),
+    or the error without its innermost frame (7 of 32). As the forgeries transcript (f3) has it."""
+    finished = run(KEPT_OUT_OF_MEMORY, memory=8 * MIB + offset)
+    assert (finished.code, finished.message) == ("runtime_error", "out of memory (line 2, column 50)")
+
+
+@pytest.mark.skipif(not native.hooks_memory(), reason="the reserve is the allocator hooks'")
+def test_the_room_after_a_refusal_is_bounded() -> None:
+    code = "try { const a = []; for (;;) a.push([a.length]) } catch {}\nconst b = []; for (;;) b.push({ n: b.length })"
+    guest = GuestRun(run_message(code, memory=8 * MIB, budget=30))
+    finished = guest.start()
+    assert isinstance(finished, ipc.Finished) and finished.code == "memory_limit"
+    assert guest.memory.refusals >= 2  # the second fill was refused too, within the reserve
+
+
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         line = next(line for line in status if line.startswith("VmRSS:"))

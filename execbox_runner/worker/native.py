@@ -223,6 +223,15 @@ def hooks_memory() -> bool:
     return _defaults is not None
 
 
+# Once an allocation was refused, QuickJS must still be able to raise its out-of-memory error:
+# the error object, its message and its stack trace may need new arenas. So past a refusal,
+# arena-sized requests may take the runtime this far over its limit. Without it, whether the
+# guest sees that error (with its position), an error without its innermost frame, or a bare
+# null depended on the free space left in the arenas in use.
+_ARENA_BYTES: Final = 4096
+_RESERVE_BYTES: Final = 64 << 10
+
+
 class _Budget:
     """What a runtime's hooks need: its allocator state (None once released), its limit, its refusals."""
 
@@ -236,6 +245,8 @@ class _Budget:
     def refuses(self, size: int) -> bool:
         allocator = self.allocator
         if allocator is None or allocator.size + size <= self.limit:
+            return False
+        if self.refusals and size <= _ARENA_BYTES and allocator.size + size <= self.limit + _RESERVE_BYTES:
             return False
         self.refusals += 1
         return True
@@ -254,10 +265,11 @@ class MemoryLimit:
 
     The check runs when QuickJS asks its backing allocator for memory: for a
     new arena of small blocks or for a large block, so the limit is exact for
-    large allocations and may be passed by the free space of the arenas in use.
-    Without the native layout, QuickJS enforces the limit itself and
-    ``refusals`` stays 0 (``counts`` is False). ``release`` comes before the
-    runtime is freed.
+    large allocations and may be passed by the free space of the arenas in use,
+    and by up to 64 KiB of arenas once an allocation was refused (the room to
+    raise the out-of-memory error, see ``_RESERVE_BYTES``). Without the native
+    layout, QuickJS enforces the limit itself and ``refusals`` stays 0
+    (``counts`` is False). ``release`` comes before the runtime is freed.
     """
 
     __slots__ = ("_budget", "_key", "counts")
