@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
+import pkgutil
 import threading
 import time
-from importlib import resources
 from typing import Final
 
 import msgspec
@@ -34,10 +33,12 @@ from . import native
 from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure
 from .normalize import normalize
 
-BOOTSTRAP: Final = resources.files(__package__).joinpath("bootstrap.js").read_text()
+# pkgutil and os.urandom rather than importlib.resources and secrets: those import tempfile,
+# random, hashlib and OpenSSL, ~1.6 MiB resident in the zygote and every worker forked from it.
+BOOTSTRAP: Final = (pkgutil.get_data(__package__, "bootstrap.js") or b"").decode()
 # Where compiled bootstrap code leaves its dispatcher for ``fresh_runtime`` to
 # collect (and delete) before any guest code runs; random per process.
-_BOOTSTRAP_KEY: Final = "__execbox_bootstrap_" + secrets.token_hex(8)
+_BOOTSTRAP_KEY: Final = "__execbox_bootstrap_" + os.urandom(8).hex()
 # Guest code runs on threads with this much real stack (the worker's runner threads):
 # recursion as deep as Node's (~10,000 frames of a small function) fits in it.
 STACK_BYTES: Final = 32 << 20
