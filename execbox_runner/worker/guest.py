@@ -34,7 +34,8 @@ from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure
 from .normalize import normalize
 
 # pkgutil and os.urandom rather than importlib.resources and secrets: those import tempfile,
-# random, hashlib and OpenSSL, ~1.6 MiB resident in the zygote and every worker forked from it.
+# random, hashlib and OpenSSL (~0.6 MiB of heap in the zygote and in every worker forked from
+# it, and ~3 MiB of the zygote's mapped libraries).
 BOOTSTRAP: Final = (pkgutil.get_data(__package__, "bootstrap.js") or b"").decode()
 # Where compiled bootstrap code leaves its dispatcher for ``fresh_runtime`` to
 # collect (and delete) before any guest code runs; random per process.
