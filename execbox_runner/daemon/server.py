@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import platform
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -190,8 +191,10 @@ class Handshakes:
 
     A legitimate host sends its request at once; a peer that connects and sends nothing
     holds a descriptor until its handshake times out. So when a new connection would
-    pass the bound, or the descriptors run out, the oldest of these is closed: a flood
-    of idle connections sheds its own members, and a host behind it gets through.
+    pass the bound, or the descriptors run out, the oldest silent one is closed: a flood
+    of idle connections sheds its own members, and a host behind it gets through. One
+    whose bytes have arrived (a burst of hosts the daemon has not read yet) is never shed:
+    it leaves the bound instead, as it would once its request is read.
     """
 
     def __init__(self, limit: int, refusals: Refusals) -> None:
@@ -208,16 +211,34 @@ class Handshakes:
         self._waiting.pop(tcp, None)
 
     def shed(self) -> bool:
-        """Close the oldest connection still in its handshake; False if there is none."""
-        if not self._waiting:
-            return False
-        tcp = next(iter(self._waiting))
-        del self._waiting[tcp]
-        self._refusals.refuse("shed", peer_of(tcp))
-        # Closed now, not by its task: the descriptor is free for the next accept at once,
-        # and the task waiting on it sees ClosedResourceError.
-        tcp.socket.close()
-        return True
+        """Close the oldest connection still in its handshake that has sent nothing; False if
+        there is none. Each connection is looked at once: one that has sent bytes leaves the bound."""
+        while self._waiting:
+            tcp = next(iter(self._waiting))
+            del self._waiting[tcp]
+            if has_sent(tcp):
+                continue
+            self._refusals.refuse("shed", peer_of(tcp))
+            # Closed now, not by its task: the descriptor is free for the next accept at once,
+            # and the task waiting on it sees ClosedResourceError.
+            tcp.socket.close()
+            return True
+        return False
+
+
+def has_sent(tcp: trio.SocketStream) -> bool:
+    """Whether bytes from the peer wait unread (peeked, not consumed). A connection closed on
+    either side has nothing worth keeping."""
+    fd = tcp.socket.fileno()
+    if fd < 0:
+        return False
+    peek = socket.socket(fileno=fd)  # the same descriptor, not a copy: detached below, never closed
+    try:
+        return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # nothing yet (EAGAIN), or broken
+        return False
+    finally:
+        peek.detach()
 
 
 def peer_of(tcp: trio.SocketStream) -> str:
