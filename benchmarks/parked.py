@@ -5,7 +5,7 @@ wall time until the last ``done``, how many were refused (HTTP 503) or failed,
 the peak RSS of the daemon's whole process tree (daemon, zygote, workers), and
 the memory per parked execution (peak RSS over the idle tree's, divided by N).
 
-    python benchmarks/parked.py [--n 1000] [--delay 2.0] [--url ws://...] [--daemon-arg=--flag ...]
+    python benchmarks/parked.py [--n 1000] [--delay 2.0] [--opening 256] [--url ws://...] [--daemon-arg=--flag ...]
 
 Without ``--url`` it starts ``python -m execbox_runner serve`` on 127.0.0.1
 with default settings (plus any ``--daemon-arg``). Every wait is bounded.
@@ -39,10 +39,17 @@ class Outcome:
     parked_at: list[float] = field(default_factory=list)  # when each tool_call arrived
 
 
-async def one(url: str, index: int, delay: float, outcome: Outcome, start: asyncio.Event) -> None:
+async def one(
+    url: str, index: int, delay: float, outcome: Outcome, start: asyncio.Event, opening: asyncio.Semaphore
+) -> None:
     await start.wait()
     try:
-        async with connect(url, open_timeout=60, close_timeout=5, max_queue=4) as ws:
+        # Hosts are independent machines that each send their request as soon as they connect;
+        # one client process opening thousands at once would leave most connected but silent for
+        # seconds, which the daemon treats as an idle flood. So at most --opening at a time.
+        async with opening:
+            ws = await connect(url, open_timeout=60, close_timeout=5, max_queue=4)
+        async with ws:
             await ws.send(
                 json.dumps(
                     {"type": "execute", "id": f"e{index}", "code": CODE, "providers": PROVIDERS, "options": OPTIONS}
@@ -78,14 +85,15 @@ async def sample_peak(root: int, stop: asyncio.Event, peak: list[int]) -> None:
         await asyncio.sleep(0.1)
 
 
-async def measure(url: str, n: int, delay: float, root: int | None) -> None:
+async def measure(url: str, n: int, delay: float, root: int | None, opening: int) -> None:
     outcome = Outcome()
     start, stop = asyncio.Event(), asyncio.Event()
     peak = [0]
     idle = tree_rss_bytes(root) if root else 0
     daemon_before, tree_before, _ = tree_cpu_seconds(root) if root else (0.0, 0.0, 0)
     sampler = asyncio.create_task(sample_peak(root, stop, peak)) if root else None
-    tasks = [asyncio.create_task(one(url, index, delay, outcome, start)) for index in range(n)]
+    handshakes = asyncio.Semaphore(opening)
+    tasks = [asyncio.create_task(one(url, index, delay, outcome, start, handshakes)) for index in range(n)]
     began = time.monotonic()
     start.set()
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=600)
@@ -121,6 +129,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--delay", type=float, default=2.0)
     parser.add_argument("--url")
+    parser.add_argument("--opening", type=int, default=256, help="opening handshakes under way at once")
     parser.add_argument("--daemon-arg", action="append", default=[])
     args = parser.parse_args()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -130,7 +139,7 @@ def main() -> None:
         time.sleep(1.0)  # let the warm workers settle before measuring the idle tree
     try:
         url = args.url or server.url  # type: ignore[union-attr]
-        asyncio.run(measure(url, args.n, args.delay, server.process.pid if server else None))
+        asyncio.run(measure(url, args.n, args.delay, server.process.pid if server else None, args.opening))
     finally:
         if server is not None:
             server.stop()
