@@ -203,7 +203,7 @@ def test_resources_agree_with_the_memory_budget_and_processes() -> None:
     assert "EXECBOX_RUNNER_MEMORY_BUDGET_BYTES" not in settings  # the default: a share of the cgroup limit
     budget = machine.default_memory_budget(limit)
     processes = int(settings["EXECBOX_RUNNER_PROCESSES"])
-    assert processes == int(resources["limits"]["cpu"])
+    assert processes == machine.default_processes(int(resources["limits"]["cpu"]))
     per_guest = int(settings["EXECBOX_RUNNER_MAX_MEMORY_LIMIT_BYTES"])
     # Each daemon process gets a share of the budget: room for several guests at the cap each.
     assert budget // processes >= 4 * per_guest

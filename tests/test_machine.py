@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from execbox_runner.daemon.machine import usable_cores
+from execbox_runner.daemon.machine import default_processes, usable_cores
 
 from .daemonkit import running_daemon
 from .test_startup_line import startup_lines
@@ -41,8 +41,15 @@ def shards_started(cores: set[int]) -> list[str]:
         os.sched_setaffinity(0, original)
 
 
-def test_by_default_one_daemon_process_serves_per_usable_core() -> None:
+def test_one_daemon_process_serves_per_two_usable_cores() -> None:
+    assert [default_processes(cores) for cores in (1, 2, 3, 4, 5, 8, 64)] == [1, 1, 1, 2, 2, 4, 32]
+
+
+def test_by_default_a_daemon_starts_the_processes_its_usable_cores_call_for() -> None:
+    """Pinned to one core, and on this machine's cores: a supervisor only where they call for two
+    or more daemon processes."""
     cores = os.sched_getaffinity(0)
     assert shards_started({min(cores)}) == [""]  # one core: no supervisor, one daemon
-    if len(cores) > 1:
-        assert shards_started(cores) == [f"{index}/{len(cores)}" for index in range(len(cores))]
+    expected = default_processes(len(cores))
+    shards = [""] if expected == 1 else [f"{index}/{expected}" for index in range(expected)]
+    assert shards_started(cores) == shards

@@ -153,7 +153,13 @@ def test_zero_means_auto_or_never_where_the_help_says_so() -> None:
     assert (resolved.port, resolved.processes, resolved.max_sessions, resolved.drain_grace) == (0, 0, 0, 0.0)
     assert resolved.max_executions_per_worker == resolved.memory_budget_bytes == resolved.warm_workers == 0
     out = run("serve", "--help").stdout
-    for meaning in ("0: one per core", "0: never", "0: sized from memory", "0: 80 percent", "0 picks a free port"):
+    for meaning in (
+        "0: one per two usable cores",
+        "0: never",
+        "0: sized from memory",
+        "0: 80 percent",
+        "0 picks a free port",
+    ):
         assert meaning in " ".join(out.split())
 
 

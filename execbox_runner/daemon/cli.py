@@ -22,7 +22,7 @@ from .. import __version__
 from ..client.cli import add_exec_parser, run_exec
 from ..mcp.cli import add_mcp_parser, run_mcp
 from . import config, logs, supervisor
-from .machine import usable_cores
+from .machine import default_processes, usable_cores
 from .server import UNSAFE_SETTINGS, CannotListen, ConfigurationError, Daemon, host_report, url
 
 log = logging.getLogger("execbox_runner")
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     except (config.InvalidSetting, ConfigurationError, OSError, ssl.SSLError) as exc:
         print(f"execbox-runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    processes = settings.processes or usable_cores()
+    processes = settings.processes or default_processes(usable_cores())
     status = EXIT_OK
     try:
         if processes > 1 and not supervisor.is_shard():

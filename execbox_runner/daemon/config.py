@@ -113,7 +113,7 @@ HELP: dict[str, str] = {
     "max_workers": "most worker processes at once; further executions wait for room",
     "max_executions_per_worker": "executions after which a worker takes no more and is replaced (0: never)",
     "memory_budget_bytes": "resident memory the daemon, its zygote and workers may hold; at 90 percent of it new sessions get HTTP 503; 0: 80 percent of the cgroup limit or of the machine's memory",
-    "processes": "daemon processes sharing the port (SO_REUSEPORT), each with its own workers and a share of the limits; 0: one per core",
+    "processes": "daemon processes sharing the port (SO_REUSEPORT), each with its own workers and a share of the limits; 0: one per two usable cores, at least one",
     "worker_capacity": "most executions one worker process hosts at once (standard profile), each in its own QuickJS runtime",
     "worker_threads": "runner threads per worker: how many of its executions can run JavaScript at the same moment (parked ones need none)",
     "share_workers_across_tokens": "let executions authenticated with different tokens share worker processes (off: one set of workers per token)",
