@@ -42,7 +42,7 @@ from .config import Settings
 from .endpoints import DaemonState
 from .pool import Lease, WorkerLost, WorkerPool
 from .records import Recorder
-from .streams import nothing_unread, send_at_once
+from .streams import nothing_unread, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -336,17 +336,7 @@ class Connection:
         """Write ``data`` whole: it has left the protocol's buffer, so a write cut short by the
         caller's cancellation would lose a frame (a ``done``) or garble the stream. Bounded by the
         send timeout instead, past which the peer is dropped."""
-        if not data:
-            return
-        if not self._send_lock.locked():
-            data = data[send_at_once(self.stream, data) :]
-            if not data:
-                return
-        with trio.CancelScope(shield=True):
-            async with self._send_lock:
-                with trio.move_on_after(self.settings.send_timeout) as scope:
-                    await self.stream.send_all(data)
-        if scope.cancelled_caught:
+        if data and not await write_whole(self.stream, self._send_lock, data, self.settings.send_timeout):
             log.warning("dropping a peer that stopped reading")
             await self.stream.aclose()
             raise trio.ClosedResourceError("send timed out")

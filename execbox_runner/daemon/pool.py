@@ -51,7 +51,7 @@ import trio
 from ..protocol import ipc
 from . import reaper
 from .machine import usable_cores
-from .streams import send_at_once
+from .streams import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -182,19 +182,11 @@ class Worker:
         """Write one whole frame. Never cut short by the caller's cancellation (half a frame would
         garble the channel for every execution on it): it is written within ``SEND_TIMEOUT_S`` or
         the worker, which stopped reading, is killed. Callers that may be cancelled check before."""
-        data = ipc.frame(slot, message)
-        if not self._send_lock.locked():
-            data = data[send_at_once(self.stream, data) :]
-            if not data:
-                return
-        with trio.CancelScope(shield=True):
-            async with self._send_lock:
-                with trio.move_on_after(SEND_TIMEOUT_S) as scope:
-                    try:
-                        await self.stream.send_all(data)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                        raise WorkerLost(str(exc)) from None
-        if scope.cancelled_caught:
+        try:
+            written = await write_whole(self.stream, self._send_lock, ipc.frame(slot, message), SEND_TIMEOUT_S)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise WorkerLost(str(exc)) from None
+        if not written:
             self.kill("stuck")
             raise WorkerLost(f"worker did not read its channel for {SEND_TIMEOUT_S:g} s")
 

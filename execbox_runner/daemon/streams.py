@@ -1,4 +1,4 @@
-"""Writes that cost one system call: most frames fit the socket's buffer at once.
+"""Whole writes that mostly cost one system call, to hosts and to workers alike.
 
 trio's ``send_all`` passes through the scheduler at least once per call (a
 checkpoint), and the daemon writes several small frames per execution to hosts
@@ -19,16 +19,28 @@ def nothing_unread(stream: trio.SocketStream) -> bool:
     the closing handshake is over, after which a peer sends no more data."""
     try:
         return not os.read(stream.socket.fileno(), 1)  # b"": the peer closed; a byte: something was unread
-    except BlockingIOError:
+    except OSError:  # nothing unread (EAGAIN), or broken or closed already: nothing to linger for
         return True
-    except OSError:
-        return True  # broken or closed already: nothing to linger for
 
 
-def send_at_once(stream: trio.abc.Stream, data: bytes) -> int:
+async def write_whole(stream: trio.abc.Stream, lock: trio.Lock, data: bytes, timeout: float) -> bool:
+    """Write ``data`` whole, never cut short by the caller's cancellation (half a frame would
+    garble the stream), within ``timeout``; False if the peer did not take it by then. ``lock``
+    is the stream's write lock: while nobody holds it, the kernel is offered ``data`` at once."""
+    if not lock.locked():
+        data = data[_send_at_once(stream, data) :]
+        if not data:
+            return True
+    with trio.CancelScope(shield=True):
+        async with lock:
+            with trio.move_on_after(timeout) as scope:
+                await stream.send_all(data)
+    return not scope.cancelled_caught
+
+
+def _send_at_once(stream: trio.abc.Stream, data: bytes) -> int:
     """How much of ``data`` a plain socket stream took without blocking: 0 for other streams
-    (TLS), a full buffer or a closed socket, which the caller's ``send_all`` then handles (and
-    reports). The caller must hold its stream's write lock: nothing else may be mid-write."""
+    (TLS), a full buffer or a closed socket, which ``send_all`` then handles (and reports)."""
     if not isinstance(stream, trio.SocketStream):
         return 0
     try:
