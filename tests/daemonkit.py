@@ -8,14 +8,17 @@ import os
 import queue
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 
+import trustme
 from websockets.sync.client import ClientConnection, connect
 
 STARTUP_TIMEOUT_S = 60.0
@@ -65,6 +68,28 @@ def cpu_ticks(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+@contextlib.contextmanager
+def running_daemon_with_site(directory: Path, sitecustomize: str, flag: str) -> Iterator[Daemon]:
+    """A daemon whose Python processes run ``sitecustomize`` first (placed in ``directory``), with
+    the environment variable ``flag`` set: how tests turn a worker into a misbehaving one."""
+    (directory / "sitecustomize.py").write_text(sitecustomize)
+    path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
+    with running_daemon(env={"PYTHONPATH": path, flag: "1"}) as daemon:
+        yield daemon
+
+
+def certificate(directory: Path) -> tuple[Path, Path, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 in ``directory``, and a client context that trusts it."""
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1", "localhost")
+    certfile, keyfile = directory / "tls.crt", directory / "tls.key"
+    issued.cert_chain_pems[0].write_to_path(str(certfile))
+    issued.private_key_pem.write_to_path(str(keyfile))
+    trusted = ssl.create_default_context()
+    authority.configure_trust(trusted)
+    return certfile, keyfile, trusted
 
 
 @contextlib.contextmanager

@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 import yaml
 from kubernetes_validate import utils as kubernetes
 
 from execbox_runner.daemon import machine
 from execbox_runner.daemon.config import Settings
 
-from .daemonkit import client, run_to_done, running_daemon, stop
+from .daemonkit import certificate, client, run_to_done, running_daemon, stop
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 # The oldest Kubernetes release still supported upstream when this was written, and the newest
@@ -253,18 +252,6 @@ def test_service_autoscalers_and_budget_point_at_the_deployment() -> None:
     assert int(sessions["pods"]["target"]["averageValue"]) < int(env()["EXECBOX_RUNNER_MAX_SESSIONS"])
     for constraint in pod()["topologySpreadConstraints"]:
         assert constraint["labelSelector"]["matchLabels"].items() <= pod_labels().items()
-
-
-def certificate(directory: Path) -> tuple[Path, Path, ssl.SSLContext]:
-    """A certificate for 127.0.0.1 in ``directory``, and a client context that trusts it."""
-    authority = trustme.CA()
-    issued = authority.issue_cert("127.0.0.1", "localhost")
-    certfile, keyfile = directory / "tls.crt", directory / "tls.key"
-    issued.cert_chain_pems[0].write_to_path(str(certfile))
-    issued.private_key_pem.write_to_path(str(keyfile))
-    trusted = ssl.create_default_context()
-    authority.configure_trust(trusted)
-    return certfile, keyfile, trusted
 
 
 def test_the_manifest_settings_are_accepted_by_the_daemon(tmp_path: Path) -> None:

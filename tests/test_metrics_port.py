@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from .daemonkit import Daemon, client, run_to_done, running_daemon
-from .test_deploy import certificate, free_port
+from .daemonkit import Daemon, certificate, client, run_to_done, running_daemon
+from .test_deploy import free_port
 from .test_http_edge import UPGRADE
 from .test_operations import metric
 from .test_settings import run

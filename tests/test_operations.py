@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trustme
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
+from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon
 
 
 def get(daemon: Daemon, path: str) -> tuple[int, dict[str, str], dict]:
@@ -134,13 +133,7 @@ def test_tokens_from_the_environment_work_too() -> None:
 
 
 def test_wss_with_a_real_certificate(tmp_path: Path) -> None:
-    authority = trustme.CA()
-    certificate = authority.issue_cert("127.0.0.1", "localhost")
-    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
-    certificate.cert_chain_pems[0].write_to_path(str(certfile))
-    certificate.private_key_pem.write_to_path(str(keyfile))
-    trusted = ssl.create_default_context()
-    authority.configure_trust(trusted)
+    certfile, keyfile, trusted = certificate(tmp_path)
     with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as d:
         assert d.url.startswith("wss://")
         with client(d.url, ssl=trusted) as ws:

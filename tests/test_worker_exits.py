@@ -26,7 +26,7 @@ from execbox_runner.daemon.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.server import worker_arguments
 from execbox_runner.protocol import ipc
 
-from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, stop
+from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site, stop
 
 WAIT_S = 10.0  # a bound on how long a line may take to appear, not a measurement
 
@@ -126,9 +126,7 @@ def test_a_retired_worker_and_the_shutdown_are_info_lines_with_their_reason() ->
 @pytest.fixture(scope="module")
 def misbehaving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     site = tmp_path_factory.mktemp("misbehaving")
-    (site / "sitecustomize.py").write_text(MISBEHAVING_CHANNEL)
-    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    with running_daemon(env={"PYTHONPATH": path, "EXECBOX_TEST_MISBEHAVING_WORKER": "1"}) as d:
+    with running_daemon_with_site(site, MISBEHAVING_CHANNEL, "EXECBOX_TEST_MISBEHAVING_WORKER") as d:
         yield d
 
 

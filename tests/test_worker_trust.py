@@ -9,7 +9,6 @@ The hostile worker is a real one whose channel is rewritten on the way out: a
 
 from __future__ import annotations
 
-import os
 import textwrap
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .daemonkit import Daemon, client, run_to_done, running_daemon
+from .daemonkit import Daemon, client, run_to_done, running_daemon_with_site
 
 MIB = 1 << 20
 
@@ -52,10 +51,9 @@ HOSTILE_CHANNEL = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    site = tmp_path_factory.mktemp("hostile")
-    (site / "sitecustomize.py").write_text(HOSTILE_CHANNEL)
-    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    with running_daemon(env={"PYTHONPATH": path, "EXECBOX_TEST_HOSTILE_WORKER": "1"}) as d:
+    with running_daemon_with_site(
+        tmp_path_factory.mktemp("hostile"), HOSTILE_CHANNEL, "EXECBOX_TEST_HOSTILE_WORKER"
+    ) as d:
         yield d
 
 
