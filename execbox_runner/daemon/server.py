@@ -93,7 +93,8 @@ def unsafe_settings(
 
 def host_report(settings: Settings) -> dict[str, object]:
     """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
-    protections = sandbox.enforcement(settings.sandbox)
+    found = sandbox.capabilities()  # one probe (a forked child) for both reports below
+    protections = sandbox.enforcement(settings.sandbox, found)
     return {
         "version": __version__,
         "python": platform.python_version(),
@@ -101,7 +102,7 @@ def host_report(settings: Settings) -> dict[str, object]:
         "profile": settings.profile,
         "interrupt_running_guests": native.SUPPORTED,
         "protections": protections,
-        "network_mechanism": sandbox.network_mechanism(settings.sandbox),
+        "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),
         "warnings": sandbox.warnings(protections),
         "unsafe_settings": unsafe_settings(settings, accepted_tokens(settings), protections),
         "limits": {

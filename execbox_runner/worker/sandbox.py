@@ -235,10 +235,11 @@ def capabilities() -> Capabilities:
     )
 
 
-def network_mechanism(enabled: bool) -> str:
+def network_mechanism(enabled: bool, found: Capabilities | None = None) -> str:
     """How workers get their network namespace on this host with the sandbox ``enabled`` or not:
-    one of ``NETWORK_MECHANISMS``, learnt by ``capabilities()``'s probe (this process never unshares)."""
-    return capabilities().network_mechanism if enabled else "none"
+    one of ``NETWORK_MECHANISMS``, learnt by ``capabilities()``'s probe (this process never
+    unshares), or from ``found``, a probe already made."""
+    return (found or capabilities()).network_mechanism if enabled else "none"
 
 
 def close_inherited_fds(keep: int) -> None:
@@ -492,9 +493,10 @@ def _check(result: int, call: str) -> None:
         raise OSError(ctypes.get_errno(), call)
 
 
-def enforcement(enabled: bool) -> dict[str, dict[str, bool]]:
-    """Each protection: whether the settings ask for it, and whether this host enforces it."""
-    found = capabilities()
+def enforcement(enabled: bool, found: Capabilities | None = None) -> dict[str, dict[str, bool]]:
+    """Each protection: whether the settings ask for it, and whether this host enforces it
+    (``found``: a probe already made, else one is made now)."""
+    found = found or capabilities()
     possible = {
         "seccomp": found.seccomp,
         "no_new_privs": found.seccomp,  # set on the way to the filter
