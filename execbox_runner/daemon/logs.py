@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Final
 
+import msgspec
 from websockets.datastructures import Headers
 
 from ..protocol.session import ExecutionEnded
@@ -31,14 +32,27 @@ _STANDARD_FIELDS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", Non
 # W3C Trace Context: version-traceid-parentid-flags, and more fields after them in later versions.
 _TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?")
 _REQUEST_ID: Final = re.compile(r"[ -~]{1,128}")  # printable ASCII, bounded
+_encoder: Final = msgspec.json.Encoder(enc_hook=str)
 
 
 class JsonFormatter(logging.Formatter):
-    """A log record as one JSON object: time, level, logger, message, and any extra fields."""
+    """A log record as one JSON object: time, level, logger, message, and any extra fields.
+
+    A line per execution makes this a hot path: the time's seconds are formatted once a
+    second, and msgspec encodes (anything else as ``str`` does; text with lone surrogates,
+    which UTF-8 cannot hold, escaped by ``json``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._second = -1
+        self._stamp = ""
 
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         line: dict[str, object] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": f"{self._stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -46,10 +60,17 @@ class JsonFormatter(logging.Formatter):
         line.update({key: value for key, value in vars(record).items() if key not in _STANDARD_FIELDS})
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+        try:
+            return _encoder.encode(line).decode()
+        except UnicodeEncodeError:  # a lone surrogate (guest code, a host's message): escaped
+            return json.dumps(line, default=str, separators=(",", ":"))
 
 
 def configure(level: str, json_lines: bool) -> None:
+    # No line says which thread, process or source line logged it: finding them costs every
+    # line a few microseconds (the logging HOWTO's "Optimization").
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None  # the documented switch for caller lookup
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
