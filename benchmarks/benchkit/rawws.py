@@ -165,9 +165,11 @@ class RawClient:
                     next_check = now + CHECK_INTERVAL_S
                     self.expire(now)
                 timeout = min(self.tick(now), max(0.0, next_check - now))
-                for fd, _ in self.ep.poll(timeout):
-                    conn = self.conns.get(fd)
-                    if conn is not None:
+                # Resolved before any is handled: a connection opened while handling one event may reuse
+                # the descriptor of one that just ended, and must not receive that one's later event.
+                ready = [(fd, self.conns.get(fd)) for fd, _ in self.ep.poll(timeout)]
+                for fd, conn in ready:
+                    if conn is not None and self.conns.get(fd) is conn:
                         self.on_ready(fd, conn)
         finally:  # only after an error: a normal end leaves nothing open
             for conn in self.conns.values():
