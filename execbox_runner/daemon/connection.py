@@ -164,6 +164,9 @@ class Connection:
                     response = self.ws.accept(event)
                     response.headers["X-Request-Id"] = self.correlation_id  # for the host's own logs
                     self.ws.send_response(response)
+                    # websockets' parser keeps the request for the connection's life: its headers
+                    # (~2.4 KiB) are of no use past the handshake.
+                    event.headers.clear()
                     await self._flush()
                     if self.ws.state is State.OPEN:
                         self.state.sessions += 1
