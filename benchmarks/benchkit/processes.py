@@ -10,6 +10,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -52,26 +53,40 @@ def popen_module(module: str, *args: str, stdin: int | None = None) -> subproces
     )
 
 
+class Lines:
+    """A child's stdout lines, read on a thread, so that each wait for one is bounded and the caller can work meanwhile."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        stdout = process.stdout
+        self.queue: queue.Queue[str] = queue.Queue()
+
+        def read() -> None:
+            for line in stdout:
+                self.queue.put(line)
+            self.queue.put("")  # EOF
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def get(self, timeout: float) -> str | None:
+        """The next line ("" at EOF), or None if none came within ``timeout`` seconds."""
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
 def start_server(process: subprocess.Popen[str], marker: str) -> Server:
     """Wait (at most ``STARTUP_TIMEOUT_S``) for ``process`` to print its ``... listening on ws://...`` line.
 
-    The line is read on a thread, so a server that hangs before printing it
+    The lines are read on a thread, so a server that hangs before printing it
     (or prints nothing) cannot hang the benchmark; it is killed instead.
     """
-    assert process.stdout is not None
-    stdout = process.stdout
-    lines: queue.Queue[str] = queue.Queue()
-
-    def first_marked_line() -> None:
-        lines.put(next((line for line in stdout if marker in line), ""))
-
-    threading.Thread(target=first_marked_line, daemon=True).start()
-    try:
-        line = lines.get(timeout=STARTUP_TIMEOUT_S)
-    except queue.Empty:
-        line = ""
-    if line:
-        return Server(process, line.strip().rsplit(" ", 1)[-1])
+    lines = Lines(process)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while line := lines.get(max(0.0, deadline - time.monotonic())):
+        if marker in line:
+            return Server(process, line.strip().rsplit(" ", 1)[-1])
     process.kill()
     process.wait()
     raise RuntimeError(f"{process.args!r} did not report listening within {STARTUP_TIMEOUT_S:g} s")
