@@ -2,144 +2,113 @@
 
 The workload of real hosts: most executions wait on slow tools. Prints the
 wall time until the last ``done``, how many were refused (HTTP 503) or failed,
-the peak RSS of the daemon's whole process tree (daemon, zygote, workers), and
-the memory per parked execution (peak RSS over the idle tree's, divided by N).
+when the last one parked, the peak RSS of the daemon's whole process tree
+(daemon, zygote, workers), the memory per parked execution (peak RSS over the
+idle tree's, divided by N), and the CPU of the daemon tree and of the client.
 
-    python benchmarks/parked.py [--n 1000] [--delay 2.0] [--opening 256] [--url ws://...] [--daemon-arg=--flag ...]
+    python benchmarks/parked.py [--n 1000] [--delay 2.0] [--opening 256] [--client raw|websockets]
+                                [--url ws://127.0.0.1:PORT/] [--daemon-arg=--flag ...]
 
-Without ``--url`` it starts ``python -m execbox_runner serve`` on 127.0.0.1
-with default settings (plus any ``--daemon-arg``). Every wait is bounded.
+The client runs in its own process (``benchkit.parked_client``) while this one
+samples the RSS: ``raw`` (default) is the hand-rolled RFC 6455 client on an
+epoll loop, ``websockets`` is websockets' asyncio client, about four times its
+CPU per session. Without ``--url`` it starts ``python -m execbox_runner serve`` on
+127.0.0.1 with default settings (plus any ``--daemon-arg``). Every wait is
+bounded.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import resource
+import subprocess
 import time
-from dataclasses import dataclass, field
+from typing import Any, Final
 
-from benchkit.processes import start_daemon
+from benchkit.parked_client import MODES
+from benchkit.parking import RUN_S, raise_nofile_limit
+from benchkit.processes import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, Lines, popen_module, start_daemon
 from benchkit.procfs import tree_cpu_seconds, tree_rss_bytes
-from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
 
-CODE = "const r = await tools.slow({}); r + 1"
-PROVIDERS = [{"name": "tools", "tools": {"slow": {"safeName": "slow", "originalName": "slow"}}, "types": ""}]
-OPTIONS = {"timeoutMs": 60_000, "memoryLimitBytes": 64 << 20, "maxLogLines": 100, "maxLogChars": 64_000}
+SAMPLE_S: Final = 0.1  # RSS sampling period
 
 
-@dataclass
-class Outcome:
-    ok: int = 0
-    refused: int = 0
-    failed: list[str] = field(default_factory=list)
-    finished_at: list[float] = field(default_factory=list)
-    parked_at: list[float] = field(default_factory=list)  # when each tool_call arrived
-
-
-async def one(
-    url: str, index: int, delay: float, outcome: Outcome, start: asyncio.Event, opening: asyncio.Semaphore
-) -> None:
-    await start.wait()
+def run_client(
+    url: str, mode: str, n: int, delay: float, opening: int, root: int | None
+) -> tuple[dict[str, Any], int, float, float]:
+    """Run the client process; (its result, peak RSS of the daemon tree, CPU of the daemon, of its descendants)."""
+    process = popen_module("parked_client", mode, url, str(n), str(delay), str(opening), stdin=subprocess.PIPE)
+    assert process.stdin is not None
+    lines = Lines(process)
     try:
-        # Hosts are independent machines that each send their request as soon as they connect;
-        # one client process opening thousands at once would leave most connected but silent for
-        # seconds, which the daemon treats as an idle flood. So at most --opening at a time.
-        async with opening:
-            ws = await connect(url, open_timeout=60, close_timeout=5, max_queue=4)
-        async with ws:
-            await ws.send(
-                json.dumps(
-                    {"type": "execute", "id": f"e{index}", "code": CODE, "providers": PROVIDERS, "options": OPTIONS}
-                )
-            )
-            while True:
-                message = json.loads(await asyncio.wait_for(ws.recv(), 120))
-                if message["type"] == "tool_call":
-                    outcome.parked_at.append(time.monotonic())
-                    await asyncio.sleep(delay)
-                    await ws.send(
-                        json.dumps({"type": "tool_result", "callId": message["callId"], "ok": True, "result": index})
-                    )
-                elif message["type"] == "done":
-                    if message.get("ok") and message.get("result") == index + 1:
-                        outcome.ok += 1
-                    else:
-                        outcome.failed.append(str(message.get("error")))
-                    outcome.finished_at.append(time.monotonic())
-                    return
-    except InvalidStatus as exc:
-        if exc.response.status_code == 503:
-            outcome.refused += 1
-        else:
-            outcome.failed.append(f"HTTP {exc.response.status_code}")
-    except Exception as exc:  # a benchmark counts failures, it does not stop at the first
-        outcome.failed.append(type(exc).__name__ + ": " + str(exc)[:80])
+        if lines.get(STARTUP_TIMEOUT_S) != "ready\n":
+            raise RuntimeError("parked client failed to start")
+        daemon0, tree0, _ = tree_cpu_seconds(root) if root else (0.0, 0.0, 0)
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        peak = 0
+        deadline = time.monotonic() + delay + RUN_S + STOP_TIMEOUT_S  # the client bounds itself to delay + RUN_S
+        while (line := lines.get(SAMPLE_S)) is None:
+            if root:
+                peak = max(peak, tree_rss_bytes(root))
+            if time.monotonic() > deadline:
+                raise RuntimeError("parked client overran its time limit")
+        if not line:
+            raise RuntimeError("parked client died")
+        daemon1, tree1, _ = tree_cpu_seconds(root) if root else (0.0, 0.0, 0)
+        return json.loads(line), peak, daemon1 - daemon0, tree1 - tree0
+    finally:
+        process.stdin.close()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
-async def sample_peak(root: int, stop: asyncio.Event, peak: list[int]) -> None:
-    while not stop.is_set():
-        peak[0] = max(peak[0], tree_rss_bytes(root))
-        await asyncio.sleep(0.1)
-
-
-async def measure(url: str, n: int, delay: float, root: int | None, opening: int) -> None:
-    outcome = Outcome()
-    start, stop = asyncio.Event(), asyncio.Event()
-    peak = [0]
+def measure(url: str, mode: str, n: int, delay: float, opening: int, root: int | None) -> None:
+    """One run of ``n`` parked executions; its figures on stdout."""
     idle = tree_rss_bytes(root) if root else 0
-    daemon_before, tree_before, _ = tree_cpu_seconds(root) if root else (0.0, 0.0, 0)
-    sampler = asyncio.create_task(sample_peak(root, stop, peak)) if root else None
-    handshakes = asyncio.Semaphore(opening)
-    tasks = [asyncio.create_task(one(url, index, delay, outcome, start, handshakes)) for index in range(n)]
-    began = time.monotonic()
-    start.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=600)
-    wall = (max(outcome.finished_at) if outcome.finished_at else time.monotonic()) - began
-    stop.set()
-    if sampler is not None:
-        await sampler
-    print(f"executions: {n}, tool delay {delay:g} s")
-    print(f"  ok {outcome.ok}, refused (503) {outcome.refused}, failed {len(outcome.failed)}")
-    for reason in sorted(set(outcome.failed))[:5]:
-        print(f"    failure: {reason}")
+    result, peak, daemon_cpu, descendants_cpu = run_client(url, mode, n, delay, opening, root)
+    parked, finished = result["parked_s"], result["finished_s"]
+    wall = max(finished) if finished else result["elapsed_s"]
+    per = max(n, 1)
+    print(f"executions: {n}, tool delay {delay:g} s, client {mode}, at most {opening} handshakes at a time")
+    print(f"  ok {result['ok']}, refused (503) {result['refused']}, failed {result['failed']}")
+    for reason, count in result["failure_reasons"].items():
+        print(f"    failure ({count}x): {reason}")
     print(f"  wall time until the last done: {wall:.2f} s ({wall - delay:.2f} s beyond the tool delay)")
-    if outcome.parked_at:
-        print(
-            f"  all {len(outcome.parked_at)} parked (tool_call received) after {max(outcome.parked_at) - began:.2f} s"
-        )
-    client = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"  CPU of this client (same machine): {client.ru_utime + client.ru_stime:.2f} s")
+    if parked:
+        how_many = "all" if len(parked) == n else f"{len(parked)} of"
+        print(f"  {how_many} {n} parked (tool_call received) after {max(parked):.2f} s")
+    client_cpu = result["cpu_s"]
+    print(
+        f"  CPU of the client ({mode}, own process): {client_cpu:.2f} s ({client_cpu / per * 1000:.2f} ms per execution)"
+    )
     if root:
-        daemon_after, tree_after, _ = tree_cpu_seconds(root)
-        daemon_cpu = daemon_after - daemon_before
-        cpu = daemon_cpu + tree_after - tree_before
-        print(f"  daemon tree: idle RSS {idle / 2**20:.0f} MiB, peak RSS {peak[0] / 2**20:.0f} MiB")
-        print(f"  memory per parked execution: {(peak[0] - idle) / max(n, 1) / 2**20:.3f} MiB")
-        print(f"  CPU of the daemon tree: {cpu:.2f} s ({cpu / max(n, 1) * 1000:.2f} ms per execution)")
-        print(
-            f"  of which the daemon process: {daemon_cpu:.2f} s ({daemon_cpu / max(n, 1) * 1000:.2f} ms per execution)"
-        )
+        cpu = daemon_cpu + descendants_cpu
+        print(f"  daemon tree: idle RSS {idle / 2**20:.0f} MiB, peak RSS {peak / 2**20:.0f} MiB")
+        print(f"  memory per parked execution: {(peak - idle) / per / 2**20:.3f} MiB")
+        print(f"  CPU of the daemon tree: {cpu:.2f} s ({cpu / per * 1000:.2f} ms per execution)")
+        print(f"  of which the daemon process: {daemon_cpu:.2f} s ({daemon_cpu / per * 1000:.2f} ms per execution)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--delay", type=float, default=2.0)
-    parser.add_argument("--url")
+    parser.add_argument("--url", help="a running daemon on 127.0.0.1 (no RSS or CPU figures for it)")
     parser.add_argument("--opening", type=int, default=256, help="opening handshakes under way at once")
+    parser.add_argument("--client", choices=MODES, default="raw", help="raw (default, cheapest) or websockets")
     parser.add_argument("--daemon-arg", action="append", default=[])
     args = parser.parse_args()
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    raise_nofile_limit()  # for the daemon started here, which holds the other end of every connection
     server = None if args.url else start_daemon(extra_args=args.daemon_arg)
     if server is not None:
         time.sleep(1.0)  # let the warm workers settle before measuring the idle tree
     try:
         url = args.url or server.url  # type: ignore[union-attr]
-        asyncio.run(measure(url, args.n, args.delay, server.process.pid if server else None, args.opening))
+        measure(url, args.client, args.n, args.delay, args.opening, server.process.pid if server else None)
     finally:
         if server is not None:
             server.stop()
