@@ -21,42 +21,63 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import time
+from dataclasses import dataclass
 from typing import Any, Final
 
 from benchkit.parked_client import MODES
 from benchkit.parking import RUN_S, raise_nofile_limit
 from benchkit.processes import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, Lines, popen_module, start_daemon
-from benchkit.procfs import tree_cpu_seconds, tree_rss_bytes
+from benchkit.procfs import CLK_TCK, machine_busy_ticks, tree_cpu_seconds, tree_rss_bytes
 
 SAMPLE_S: Final = 0.1  # RSS sampling period
 
 
+@dataclass
+class Observed:
+    """What this process saw of the daemon tree and the machine while the client ran."""
+
+    peak_rss: int = 0
+    daemon_cpu: float = 0.0  # the daemon process itself
+    descendants_cpu: float = 0.0  # zygote and workers, live or reaped
+    machine_busy: float = 0.0  # CPU seconds of every process on the box
+    sampler_cpu: float = 0.0  # this process's own, mostly the RSS sampling
+    wall: float = 0.0
+
+
 def run_client(
     url: str, mode: str, n: int, delay: float, opening: int, root: int | None
-) -> tuple[dict[str, Any], int, float, float]:
-    """Run the client process; (its result, peak RSS of the daemon tree, CPU of the daemon, of its descendants)."""
+) -> tuple[dict[str, Any], Observed]:
+    """Run the client process, sampling the daemon tree's RSS meanwhile; its result and what this process observed."""
     process = popen_module("parked_client", mode, url, str(n), str(delay), str(opening), stdin=subprocess.PIPE)
     assert process.stdin is not None
     lines = Lines(process)
+    seen = Observed()
     try:
         if lines.get(STARTUP_TIMEOUT_S) != "ready\n":
             raise RuntimeError("parked client failed to start")
         daemon0, tree0, _ = tree_cpu_seconds(root) if root else (0.0, 0.0, 0)
+        busy0, _ = machine_busy_ticks()
+        t0, cpu0 = time.monotonic(), time.process_time()
         process.stdin.write("go\n")
         process.stdin.flush()
-        peak = 0
-        deadline = time.monotonic() + delay + RUN_S + STOP_TIMEOUT_S  # the client bounds itself to delay + RUN_S
+        deadline = t0 + delay + RUN_S + STOP_TIMEOUT_S  # the client bounds itself to delay + RUN_S
         while (line := lines.get(SAMPLE_S)) is None:
             if root:
-                peak = max(peak, tree_rss_bytes(root))
+                seen.peak_rss = max(seen.peak_rss, tree_rss_bytes(root))
             if time.monotonic() > deadline:
                 raise RuntimeError("parked client overran its time limit")
         if not line:
             raise RuntimeError("parked client died")
-        daemon1, tree1, _ = tree_cpu_seconds(root) if root else (0.0, 0.0, 0)
-        return json.loads(line), peak, daemon1 - daemon0, tree1 - tree0
+        seen.wall = time.monotonic() - t0
+        seen.machine_busy = (machine_busy_ticks()[0] - busy0) / CLK_TCK
+        seen.sampler_cpu = time.process_time() - cpu0
+        if root:
+            daemon1, tree1, _ = tree_cpu_seconds(root)
+            seen.daemon_cpu, seen.descendants_cpu = daemon1 - daemon0, tree1 - tree0
+        return json.loads(line), seen
     finally:
         process.stdin.close()
         try:
@@ -69,7 +90,7 @@ def run_client(
 def measure(url: str, mode: str, n: int, delay: float, opening: int, root: int | None) -> None:
     """One run of ``n`` parked executions; its figures on stdout."""
     idle = tree_rss_bytes(root) if root else 0
-    result, peak, daemon_cpu, descendants_cpu = run_client(url, mode, n, delay, opening, root)
+    result, seen = run_client(url, mode, n, delay, opening, root)
     parked, finished = result["parked_s"], result["finished_s"]
     wall = max(finished) if finished else result["elapsed_s"]
     per = max(n, 1)
@@ -86,11 +107,20 @@ def measure(url: str, mode: str, n: int, delay: float, opening: int, root: int |
         f"  CPU of the client ({mode}, own process): {client_cpu:.2f} s ({client_cpu / per * 1000:.2f} ms per execution)"
     )
     if root:
-        cpu = daemon_cpu + descendants_cpu
-        print(f"  daemon tree: idle RSS {idle / 2**20:.0f} MiB, peak RSS {peak / 2**20:.0f} MiB")
-        print(f"  memory per parked execution: {(peak - idle) / per / 2**20:.3f} MiB")
+        cpu = seen.daemon_cpu + seen.descendants_cpu
+        print(f"  daemon tree: idle RSS {idle / 2**20:.0f} MiB, peak RSS {seen.peak_rss / 2**20:.0f} MiB")
+        print(f"  memory per parked execution: {(seen.peak_rss - idle) / per / 2**20:.3f} MiB")
         print(f"  CPU of the daemon tree: {cpu:.2f} s ({cpu / per * 1000:.2f} ms per execution)")
-        print(f"  of which the daemon process: {daemon_cpu:.2f} s ({daemon_cpu / per * 1000:.2f} ms per execution)")
+        print(
+            f"  of which the daemon process: {seen.daemon_cpu:.2f} s ({seen.daemon_cpu / per * 1000:.2f} ms per execution)"
+        )
+        # Anything else on the box competes for the same cores: figures compare only when this is low.
+        other = max(0.0, seen.machine_busy - cpu - client_cpu - seen.sampler_cpu)
+        cpus = os.cpu_count() or 1
+        print(
+            f"  machine busy {100 * seen.machine_busy / seen.wall / cpus:.0f}% of {cpus} CPUs over {seen.wall:.2f} s;"
+            f" other processes {100 * other / seen.wall / cpus:.0f}% (RSS sampling {seen.sampler_cpu:.2f} s)"
+        )
 
 
 def main() -> None:
