@@ -7,9 +7,16 @@
 //
 // Guest code runs after this and may tamper with every global and prototype, so
 // every built-in used here is captured first and called in a form that later
-// tampering cannot reach (uncurried methods, own-property reads, literals).
+// tampering cannot reach (uncurried methods, Reflect.apply, own-property reads,
+// literals, objects without a prototype).
+//
+// Every runtime pays for what this builds, in time and memory: each function,
+// closure, bound method, object and new name. So methods called a few times per
+// execution go through Reflect.apply instead of being bound, and a helper used
+// in one place is written out there.
 (() => {
   "use strict";
+  const reflectApply = Reflect.apply;
   const uncurry = Function.prototype.bind.call(Function.prototype.bind, Function.prototype.call);
   const G = globalThis;
   const ObjectPrototype = Object.prototype;
@@ -26,26 +33,25 @@
   const ErrorCtor = Error;
   const TypeErrorCtor = TypeError;
   const PromiseCtor = Promise;
-  const ProxyCtor = Proxy;
   const reflectConstruct = Reflect.construct;
-  const reflectApply = Reflect.apply;
-  const promiseThen = uncurry(Promise.prototype.then);
+  const promiseThen = Promise.prototype.then;
   const resolved = Promise.resolve();
+  // Bound: called for every string or object that crosses the boundary.
   const toWellFormed = uncurry(String.prototype.toWellFormed);
   const slice = uncurry(String.prototype.slice);
   const MapCtor = Map;
   const mapGet = uncurry(Map.prototype.get);
   const mapSet = uncurry(Map.prototype.set);
   const mapDelete = uncurry(Map.prototype.delete);
-  const mapForEach = uncurry(Map.prototype.forEach);
-  const mapClear = uncurry(Map.prototype.clear);
-  const weakMapGet = uncurry(WeakMap.prototype.get);
-  const weakMapSet = uncurry(WeakMap.prototype.set);
-  const weakSetAdd = uncurry(WeakSet.prototype.add);
-  const weakSetHas = uncurry(WeakSet.prototype.has);
-  const getOwnDescriptor = Object.getOwnPropertyDescriptor;
-  const stackOf = uncurry(getOwnDescriptor(Error.prototype, "stack").get);
+  // Called through reflectApply: a few times per execution, or as errors are made.
+  const weakMapGet = WeakMap.prototype.get;
+  const weakMapSet = WeakMap.prototype.set;
+  const weakSetAdd = WeakSet.prototype.add;
+  const weakSetHas = WeakSet.prototype.has;
+  const stackOf = Object.getOwnPropertyDescriptor(Error.prototype, "stack").get;
   const captureStackTrace = Error.captureStackTrace;
+  // A non-enumerable property, as built-in globals are: `value` is set before each definition.
+  const hidden = { __proto__: null, value: undefined, writable: true, enumerable: false, configurable: true };
 
   // ---------------------------------------------------------------- engine hooks
   // Hooks through which guest code could run inside engine-raised errors, or
@@ -64,15 +70,14 @@
   const made = new WeakSet();
   const recorded = (error, trap) => {
     captureStackTrace(error, trap);
-    weakSetAdd(made, error);
+    reflectApply(weakSetAdd, made, [error]);
     return error;
   };
   const construct = (target, args, newTarget) => recorded(reflectConstruct(target, args, newTarget), construct);
   const apply = (target, self, args) => recorded(reflectApply(target, self, args), apply);
   const recorders = new MapCtor(); // constructor -> its recording proxy
-  const ERROR_CONSTRUCTORS = ["Error", "EvalError", "RangeError", "ReferenceError", "SyntaxError", "TypeError", "URIError", "AggregateError", "SuppressedError", "DOMException"];
   // One handler for all the proxies (every trap works from its target): no guest code can reach
-  // a proxy's handler, and eleven copies would cost every runtime ~4 KiB.
+  // a proxy's handler.
   const recorder = {
     __proto__: null,
     construct,
@@ -83,28 +88,25 @@
       return proxy === undefined ? parent : proxy;
     },
   };
-  const recording = (raw) => {
-    const proxy = new ProxyCtor(raw, recorder);
-    mapSet(recorders, raw, proxy);
-    defineProperty(raw.prototype, "constructor", { value: proxy, writable: true, enumerable: false, configurable: true });
-    return proxy;
-  };
-  for (const name of ERROR_CONSTRUCTORS) {
+  // The last is reachable only as the constructor of an engine-raised InternalError.
+  for (const name of ["Error", "EvalError", "RangeError", "ReferenceError", "SyntaxError", "TypeError", "URIError", "AggregateError", "SuppressedError", "DOMException", "InternalError"]) {
     const raw = G[name];
-    if (typeof raw === "function") defineProperty(G, name, { value: recording(raw), writable: true, enumerable: false, configurable: true });
+    if (typeof raw !== "function") continue;
+    hidden.value = new Proxy(raw, recorder);
+    mapSet(recorders, raw, hidden.value);
+    defineProperty(raw.prototype, "constructor", hidden);
+    defineProperty(G, name, hidden);
   }
-  recording(InternalError); // reachable only as the constructor of an engine-raised InternalError
   delete G.InternalError;
 
   // ---------------------------------------------------------------- outcome state
   const TIMEOUT_MESSAGE = "Execution timed out";
   const trusted = new WeakMap(); // host-made errors -> [code, message]; never on the error itself
-  const pending = new MapCtor(); // call id -> [resolve, reject]
-  const outbox = new MapCtor(); // call id -> JSON text of [id, provider, tool, input]
-  const logs = new MapCtor(); // line index -> JSON text of the line, since the last poll
+  const pending = { __proto__: null }; // call id -> [resolve, reject]
+  let outbox = ""; // JSON texts of [id, provider, tool, hasInput, input], comma-separated, since the last poll
+  let logs = ""; // JSON texts of the lines logged since the last poll, comma-separated
   let nextCallId = 0;
   let logLines = 0;
-  let logLinesSent = 0;
   let maxLogLines = 0;
   let logCharsLeft = 0;
   let aborting = false;
@@ -112,22 +114,12 @@
   // or [4, message, engine stack or null] (a guest failure, for the worker to judge).
   let outcome = null;
 
-  // A path into a deep or wide value can be long: a host gets its start and its end.
-  const MAX_DETAIL = 300;
-  class SerializationFailure {
-    constructor(detail) {
-      this.detail = detail.length > MAX_DETAIL ? slice(detail, 0, 150) + "\u2026" + slice(detail, -140) : detail;
-    }
-  }
-
   const trustedError = (code, message) => {
     const error = new ErrorCtor(message);
     defineProperty(error, "code", { value: code, writable: true, enumerable: true, configurable: true });
-    weakMapSet(trusted, error, [code, message]);
+    reflectApply(weakMapSet, trusted, [error, [code, message]]);
     return error;
   };
-
-  const rejected = (reason) => new PromiseCtor((_, reject) => reject(reason));
 
   // ---------------------------------------------------------------- serialization
   // Transport-safe values only: null, strings, booleans, finite numbers, arrays
@@ -135,12 +127,18 @@
   // as JSON.stringify has it: an object property left out, null in an array (a
   // hole reads as undefined); undefined at the top is handled by the callers.
   // Shared sub-values are fine, cycles are not.
+  //
+  // A value that cannot cross throws UNSERIALIZABLE, which no guest code can
+  // reach or throw, with what and where in `unserializable`. A path into a deep
+  // or wide value can be long: a host gets its start and its end.
   const MAX_DEPTH = 256;
-  const describe = (value) => {
-    if (value === undefined) return "undefined";
-    if (typeof value === "number") return toStr(value);
-    if (typeof value !== "object") return typeof value;
-    return "non-plain object";
+  const MAX_DETAIL = 300;
+  const UNSERIALIZABLE = { __proto__: null };
+  let unserializable = "";
+  const refuse = (what, path) => {
+    const detail = `${what} at ${path}`;
+    unserializable = detail.length > MAX_DETAIL ? slice(detail, 0, 150) + "\u2026" + slice(detail, -140) : detail;
+    return UNSERIALIZABLE;
   };
 
   const serialize = (value, path, ancestors, depth) => {
@@ -150,21 +148,21 @@
       case "boolean":
         return value ? "true" : "false";
       case "number":
-        if (!isFinite(value)) throw new SerializationFailure(`${describe(value)} at ${path}`);
+        if (!isFinite(value)) throw refuse(toStr(value), path);
         return stringify(value);
       case "object":
         if (value === null) return "null";
         break;
       default:
-        throw new SerializationFailure(`${describe(value)} at ${path}`);
+        throw refuse(typeof value, path);
     }
-    if (depth >= MAX_DEPTH) throw new SerializationFailure(`value nested deeper than ${MAX_DEPTH} levels at ${path}`);
-    if (mapGet(ancestors, value) === true) throw new SerializationFailure(`cyclic value at ${path}`);
+    if (depth >= MAX_DEPTH) throw refuse(`value nested deeper than ${MAX_DEPTH} levels`, path);
+    if (mapGet(ancestors, value) === true) throw refuse("cyclic value", path);
     const proto = getPrototypeOf(value);
     let text;
     mapSet(ancestors, value, true);
     if (isArray(value)) {
-      if (proto !== ArrayPrototype) throw new SerializationFailure(`non-plain array at ${path}`);
+      if (proto !== ArrayPrototype) throw refuse("non-plain array", path);
       text = "[";
       const length = value.length;
       for (let i = 0; i < length; i++) {
@@ -173,7 +171,7 @@
       }
       text += "]";
     } else {
-      if (proto !== ObjectPrototype && proto !== null) throw new SerializationFailure(`${describe(value)} at ${path}`);
+      if (proto !== ObjectPrototype && proto !== null) throw refuse("non-plain object", path);
       text = "{";
       const keys = objectKeys(value);
       let first = true;
@@ -190,134 +188,108 @@
     return text;
   };
 
-  const toJsonText = (value) => serialize(value, "$", new MapCtor(), 0);
-
   // ---------------------------------------------------------------- console
   // One line per call: arguments space-joined; strings raw, undefined as
   // "undefined", anything else JSON-stringified, else converted with String().
-  const formatValue = (value) => {
-    if (typeof value === "string") return value;
-    if (value === undefined) return "undefined";
-    try {
-      const json = stringify(value);
-      if (typeof json === "string") return json;
-    } catch {}
-    try {
-      return toStr(value);
-    } catch {
-      return `[${typeof value}]`;
-    }
-  };
-
-  // The spec's truncation, applied as lines arrive so a flood never fills memory:
+  // The spec's truncation applies as lines arrive, so a flood never fills memory:
   // keep the earliest maxLogLines lines, then spend maxLogChars (UTF-16 code
   // units, as JS .length counts) across them, clipping the line that runs out.
-  const appendLog = (line) => {
+  // One function serves all four methods.
+  const log = (...args) => {
+    let line = "";
+    for (let i = 0; i < args.length; i++) {
+      const value = args[i];
+      let text;
+      if (typeof value === "string") text = value;
+      else if (value === undefined) text = "undefined";
+      else {
+        try {
+          text = stringify(value);
+        } catch {}
+        if (typeof text !== "string") {
+          try {
+            text = toStr(value);
+          } catch {
+            text = `[${typeof value}]`;
+          }
+        }
+      }
+      line += (i ? " " : "") + text;
+    }
     if (logLines >= maxLogLines || logCharsLeft <= 0) return;
     if (line.length > logCharsLeft) line = slice(line, 0, logCharsLeft);
     logCharsLeft -= line.length;
-    mapSet(logs, logLines++, stringify(toWellFormed(line)));
+    logLines++;
+    logs += (logs ? "," : "") + stringify(toWellFormed(line));
   };
-
-  const console = {};
-  for (const name of ["log", "info", "warn", "error"]) {
-    const method = (...args) => {
-      let line = "";
-      for (let i = 0; i < args.length; i++) line += (i ? " " : "") + formatValue(args[i]);
-      appendLog(line);
-    };
-    defineProperty(console, name, { value: method, writable: true, enumerable: true, configurable: true });
-  }
-  defineProperty(G, "console", { value: console, writable: true, enumerable: false, configurable: true });
+  hidden.value = { log, info: log, warn: log, error: log };
+  defineProperty(G, "console", hidden);
 
   // A microtask that throws would escape every promise; report it as the guest's failure instead.
-  defineProperty(G, "queueMicrotask", {
-    value: function queueMicrotask(callback) {
-      if (typeof callback !== "function") throw recorded(new TypeErrorCtor("queueMicrotask requires a function"), queueMicrotask);
-      promiseThen(resolved, () => {
+  hidden.value = function queueMicrotask(callback) {
+    if (typeof callback !== "function") throw recorded(new TypeErrorCtor("queueMicrotask requires a function"), queueMicrotask);
+    reflectApply(promiseThen, resolved, [
+      () => {
         try {
           callback();
         } catch (error) {
           fail(error);
         }
-      });
-    },
-    writable: true,
-    enumerable: false,
-    configurable: true,
-  });
+      },
+    ]);
+  };
+  defineProperty(G, "queueMicrotask", hidden);
 
   // ---------------------------------------------------------------- tools
   const callTool = (provider, tool, input) => {
-    if (aborting) return rejected(trustedError("timeout", TIMEOUT_MESSAGE));
+    let failed = aborting;
+    let reason = failed ? trustedError("timeout", TIMEOUT_MESSAGE) : undefined;
     let inputText = "null";
-    if (input !== undefined) {
+    if (!failed && input !== undefined) {
       try {
-        inputText = toJsonText(input);
+        inputText = serialize(input, "$", new MapCtor(), 0);
       } catch (error) {
-        if (error instanceof SerializationFailure) {
-          return rejected(trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${error.detail}`));
-        }
-        return rejected(error);
+        failed = true;
+        reason = error === UNSERIALIZABLE ? trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${unserializable}`) : error;
       }
     }
+    if (failed) return new PromiseCtor((_, reject) => reject(reason));
     const id = ++nextCallId;
-    const promise = new PromiseCtor((resolve, reject) => mapSet(pending, id, [resolve, reject]));
+    const promise = new PromiseCtor((resolve, reject) => {
+      pending[id] = [resolve, reject];
+    });
     const hasInput = input !== undefined ? "true" : "false";
-    mapSet(outbox, id, `[${id},${stringify(provider)},${stringify(tool)},${hasInput},${inputText}]`);
+    outbox += (outbox ? "," : "") + `[${id},${stringify(provider)},${stringify(tool)},${hasInput},${inputText}]`;
     return promise;
   };
 
-  const install = (providersText, lines, chars) => {
-    maxLogLines = lines;
-    logCharsLeft = chars;
-    const providers = parse(providersText);
-    for (const [name, tools] of providers) {
-      const namespace = {};
-      for (const tool of tools) {
-        const proxy = function (input) {
-          return callTool(name, tool, input);
-        };
-        defineProperty(namespace, tool, { value: proxy, writable: true, enumerable: true, configurable: true });
-      }
-      defineProperty(G, name, { value: namespace, writable: true, enumerable: false, configurable: true });
-    }
-  };
-
   // ---------------------------------------------------------------- outcome
-  const errorMessage = (error) => {
-    try {
-      if (error !== null && (typeof error === "object" || typeof error === "function")) {
-        const message = error.message;
-        if (typeof message === "string") return message;
-      }
-      return toStr(error);
-    } catch {
-      return "Guest code threw a value that cannot be described";
-    }
-  };
-
-  const settleError = (code, message) => {
-    if (outcome === null) outcome = `[3,${stringify(code)},${stringify(toWellFormed(message))}]`;
-  };
-
-  // JSON text of the stack of an error the engine raised ("" if it has none), else null.
-  const engineStack = (error) => {
-    if (!isError(error) || weakSetHas(made, error)) return "null";
-    try {
-      const stack = stackOf(error);
-      if (typeof stack === "string") return stringify(toWellFormed(stack));
-    } catch {}
-    return '""';
-  };
-
   // A trusted host error keeps its code; anything else thrown is judged by the
   // worker (memory_limit on evidence, the position of an engine error).
   const fail = (error) => {
     if (outcome !== null) return;
-    const record = error !== null && typeof error === "object" ? weakMapGet(trusted, error) : undefined;
-    if (record !== undefined) settleError(record[0], record[1]);
-    else outcome = `[4,${stringify(toWellFormed(errorMessage(error)))},${engineStack(error)}]`;
+    const record = error !== null && typeof error === "object" ? reflectApply(weakMapGet, trusted, [error]) : undefined;
+    if (record !== undefined) {
+      outcome = `[3,${stringify(record[0])},${stringify(toWellFormed(record[1]))}]`;
+      return;
+    }
+    let message;
+    try {
+      if (error !== null && (typeof error === "object" || typeof error === "function")) message = error.message;
+      if (typeof message !== "string") message = toStr(error);
+    } catch {
+      message = "Guest code threw a value that cannot be described";
+    }
+    // The stack of an error the engine raised ("" if it has none), else null.
+    let stack = "null";
+    if (isError(error) && !reflectApply(weakSetHas, made, [error])) {
+      stack = '""';
+      try {
+        const text = reflectApply(stackOf, error, []);
+        if (typeof text === "string") stack = stringify(toWellFormed(text));
+      } catch {}
+    }
+    outcome = `[4,${stringify(toWellFormed(message))},${stack}]`;
   };
 
   const succeed = (value) => {
@@ -327,70 +299,71 @@
       return;
     }
     try {
-      outcome = `[1,${toJsonText(value)}]`;
+      outcome = `[1,${serialize(value, "$", new MapCtor(), 0)}]`;
     } catch (error) {
-      if (error instanceof SerializationFailure) settleError("serialization_error", `Guest code returned a non-serializable value: ${error.detail}`);
-      else fail(error);
+      if (error !== UNSERIALIZABLE) fail(error);
+      else if (outcome === null) outcome = `[3,"serialization_error",${stringify(toWellFormed(`Guest code returned a non-serializable value: ${unserializable}`))}]`;
     }
   };
 
-  const start = (main) => {
-    let promise;
-    try {
-      promise = main();
-    } catch (error) {
-      fail(error);
-      return;
-    }
-    promiseThen(promise, succeed, fail);
-  };
-
-  // Everything the guest did since the last poll, as one flat JSON text:
-  // [calls, logs, outcome-or-null]; calls are [id, provider, tool, hasInput, input].
-  const poll = () => {
-    let calls = "";
-    mapForEach(outbox, (text) => {
-      calls += (calls ? "," : "") + text;
-    });
-    mapClear(outbox);
-    let lines = "";
-    for (; logLinesSent < logLines; logLinesSent++) {
-      lines += (lines ? "," : "") + mapGet(logs, logLinesSent);
-      mapDelete(logs, logLinesSent);
-    }
-    // slice() flattens the rope strings that concatenation builds: the Python
-    // binding cannot convert a rope.
-    return slice(`[[${calls}],[${lines}],${outcome === null ? "null" : outcome}]`, 0);
-  };
-
-  // ``messageText``: the rejection's message as JSON text (it may hold lone surrogates).
-  const settle = (id, ok, valueText, code, messageText) => {
-    const callbacks = mapGet(pending, id);
-    if (callbacks === undefined) return;
-    mapDelete(pending, id);
-    if (ok) callbacks[0](valueText === null || valueText === undefined ? undefined : parse(valueText));
-    else callbacks[1](trustedError(code, parse(messageText)));
-  };
-
-  const abort = () => {
-    aborting = true;
-    mapForEach(pending, (callbacks) => callbacks[1](trustedError("timeout", TIMEOUT_MESSAGE)));
-    mapClear(pending);
-    mapClear(outbox);
-  };
-
+  // ---------------------------------------------------------------- the worker's calls
   return (op, a, b, c, d, e) => {
     switch (op) {
-      case "install":
-        return install(a, b, c);
-      case "start":
-        return start(a);
-      case "poll":
-        return poll();
-      case "settle":
-        return settle(a, b, c, d, e);
+      // The guest's function `a`, with the providers (JSON text `b`) and log limits (`c` lines,
+      // `d` characters). `e` names the global through which the worker found this dispatcher.
+      case "start": {
+        delete G[e];
+        maxLogLines = c;
+        logCharsLeft = d;
+        for (const [name, tools] of parse(b)) {
+          const namespace = {};
+          for (const tool of tools) {
+            const proxy = function (input) {
+              return callTool(name, tool, input);
+            };
+            defineProperty(namespace, tool, { value: proxy, writable: true, enumerable: true, configurable: true });
+          }
+          hidden.value = namespace;
+          defineProperty(G, name, hidden);
+        }
+        let promise;
+        try {
+          promise = a();
+        } catch (error) {
+          fail(error);
+          return;
+        }
+        reflectApply(promiseThen, promise, [succeed, fail]);
+        return;
+      }
+      // Everything the guest did since the last poll, as one flat JSON text:
+      // [calls, logs, outcome-or-null]; calls are [id, provider, tool, hasInput, input].
+      case "poll": {
+        // slice() flattens the rope strings that concatenation builds: the Python
+        // binding cannot convert a rope.
+        const text = slice(`[[${outbox}],[${logs}],${outcome === null ? "null" : outcome}]`, 0);
+        outbox = logs = "";
+        return text;
+      }
+      // Tool call `a` settled: resolved with JSON text `c` (null or undefined for undefined) if `b`,
+      // else rejected with code `d` and message `e` (JSON text: it may hold lone surrogates).
+      case "settle": {
+        const callbacks = pending[a];
+        if (callbacks === undefined) return;
+        delete pending[a];
+        if (b) callbacks[0](c === null || c === undefined ? undefined : parse(c));
+        else callbacks[1](trustedError(d, parse(e)));
+        return;
+      }
       case "abort":
-        return abort();
+        aborting = true;
+        outbox = "";
+        for (const id in pending) {
+          const callbacks = pending[id];
+          delete pending[id];
+          callbacks[1](trustedError("timeout", TIMEOUT_MESSAGE));
+        }
+        return;
     }
   };
 })();

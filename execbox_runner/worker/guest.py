@@ -38,7 +38,7 @@ from .normalize import normalize
 # it, and ~3 MiB of the zygote's mapped libraries).
 BOOTSTRAP: Final = (pkgutil.get_data(__package__, "bootstrap.js") or b"").decode()
 # Where compiled bootstrap code leaves its dispatcher for ``fresh_runtime`` to
-# collect (and delete) before any guest code runs; random per process.
+# collect; random per process. The dispatcher deletes it as it starts the guest.
 _BOOTSTRAP_KEY: Final = "__execbox_bootstrap_" + os.urandom(8).hex()
 # Guest code runs on threads with this much real stack (the worker's runner threads):
 # recursion as deep as Node's (~10,000 frames of a small function) fits in it.
@@ -93,9 +93,7 @@ def fresh_runtime() -> Runtime:
         if _bytecode is None:
             _bytecode = native.Bytecode(f"globalThis[{json.dumps(_BOOTSTRAP_KEY)}] =\n{BOOTSTRAP}", "bootstrap.js")
         _bytecode.run(context)
-        api = context.get(_BOOTSTRAP_KEY)
-        context.eval(f"delete globalThis[{json.dumps(_BOOTSTRAP_KEY)}]")
-        return Runtime(context, api)
+        return Runtime(context, context.get(_BOOTSTRAP_KEY))  # the global goes as the guest starts
     return Runtime(context, context.eval(BOOTSTRAP))
 
 
@@ -209,12 +207,12 @@ class GuestRun:
         run, self._run = self._run, None
         assert run is not None, "started twice"
         try:
-            self.api("install", json.dumps(run.providers), run.max_log_lines, run.max_log_chars)
             self._arm()
             self._parse_alone()
-            main = self.context.eval(self.program.source)
+            main = self.context.eval(self.program.source)  # runs nothing of the guest's yet
             self._arm()
-            self.api("start", main)
+            providers = json.dumps(run.providers)
+            self.api("start", main, providers, run.max_log_lines, run.max_log_chars, _BOOTSTRAP_KEY)
             del main  # the runtime is freed as the execution ends: no reference may outlive it
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
