@@ -9,10 +9,12 @@ Every frame on the channel carries a slot number: one slot is one execution,
 with its own QuickJS runtime, heap and memory limit. An execution parked on a
 tool call holds no thread, only its runtime. When a message arrives for a
 slot, the slot is handed to the runner threads, which run its steps in order
-(one thread at a time per runtime); separate runtimes run truly in parallel,
-since QuickJS releases the GIL while JavaScript runs. A guest spinning on the
-CPU holds one runner thread and nothing else, so its neighbours resume on the
-others.
+(one thread at a time per runtime). Short steps run one runner at a time, in
+turn (see ``Worker._runner``: threads contending for the GIL cost more than
+the steps); a long one, a guest computing or spinning, lets the others go on
+without the turn, and runs in parallel with them, since QuickJS releases the
+GIL while JavaScript runs. A guest spinning on the CPU holds one runner thread
+and nothing else, so its neighbours resume on the others.
 
 The main thread reads the channel. An ``Abort`` for a slot whose guest code is
 running is also given to the interrupter thread, which pokes that runtime
@@ -35,7 +37,6 @@ import heapq
 import itertools
 import math
 import os
-import queue
 import signal
 import socket
 import sys
@@ -58,6 +59,11 @@ SWITCH_INTERVAL_S: Final = 0.0002
 # Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
 NICENESS: Final = 10
 DEFAULT_THREADS: Final = 16
+# A runner waiting for the turn checks at once, then this often, whether the runner holding it is
+# in a long step: one that has used this much CPU (a guest computing), or lasted ten times as long
+# (blocked, or starved of CPU). Then it goes on without the turn: a spinning guest delays its
+# neighbours by about this much.
+TURN_CHECK_S: Final = 0.001
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
 
@@ -141,9 +147,15 @@ class Worker:
         self.limits = limits  # None: not confined (tests of the worker loop itself)
         self.threads = threads
         self.hosted: dict[int, Hosted] = {}
-        self.lock = threading.Lock()  # guards hosted, each slot's mailbox, scheduled and aborting
+        # Guards hosted, each slot's mailbox, scheduled and aborting, and ready, idle and standby.
+        self.lock = threading.Lock()
         self.send_lock = threading.Lock()
-        self.ready: queue.SimpleQueue[Hosted] = queue.SimpleQueue()  # slots with work, for the runners
+        self.ready: collections.deque[Hosted] = collections.deque()  # slots with work, oldest first
+        self.idle: list[threading.Lock] = []  # a held lock per idle runner, released to wake it; newest last
+        self.standby = 0  # runners waiting for the turn
+        self.turn = threading.Lock()  # see ``_runner``
+        # The turn holder's CPU clock, and its CPU and wall-clock time as its current step began.
+        self.step: tuple[int, float, float] = (time.CLOCK_THREAD_CPUTIME_ID, 0.0, 0.0)
         self.spare: Runtime | None = None
         self.interrupter: Interrupter | None = None
 
@@ -180,7 +192,7 @@ class Worker:
             if isinstance(message, ipc.Measure):
                 self._send(0, ipc.Heaps(self._heaps()))
                 continue
-            poke = None
+            poke = wake = None
             stopping = isinstance(message, ipc.Abort | ipc.Evict)
             with self.lock:
                 hosted = self.hosted.get(slot)
@@ -201,22 +213,96 @@ class Worker:
                     hosted.mailbox.append(message)
                     if not hosted.scheduled:
                         hosted.scheduled = True
-                        self.ready.put(hosted)
+                        self.ready.append(hosted)
+                        wake = self._runner_to_wake(0)
+            if wake is not None:
+                wake.release()
             if unstarted:
                 self._send(slot, NOT_STARTED_EVICTED if isinstance(message, ipc.Evict) else NOT_STARTED)
             elif poke is not None and self.interrupter is not None:
                 self.interrupter.request(poke)
 
-    def _runner(self) -> None:
-        while True:
-            hosted = self.ready.get()
-            try:
-                self._drain(hosted)
-            except Exception as exc:  # a bug must cost one execution, not the worker's others
-                self._end(hosted)
-                self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", []))
+    def _runner_to_wake(self, taking: int) -> threading.Lock | None:
+        """(Under ``lock``.) With more slots ready than the caller is about to take and no
+        runner standing by: the idle runner to wake (the newest), counted as standing by."""
+        if len(self.ready) > taking and not self.standby and self.idle:
+            self.standby += 1
+            return self.idle.pop()
+        return None
 
-    def _drain(self, hosted: Hosted) -> None:
+    def _runner(self) -> None:
+        """Run ready slots: one runner at a time while their steps are short.
+
+        Runners all at work hand the GIL over at each of an execution's engine
+        calls, each time a thread switch, and each runner's caches go cold: with
+        16 trivial executions in flight that was ~70 switches and twice the CPU
+        per execution of one runner doing them in turn. So the runner holding
+        the turn takes ready slots until none is left, while one other stands
+        by for it; an idle runner is woken newest first, its caches the
+        warmest. If the holder's step is long (a guest computing or spinning),
+        the one standing by goes on without the turn and another stands by: a
+        spinning guest still holds one runner and nothing else, and delays its
+        neighbours by about ``TURN_CHECK_S``.
+        """
+        wake = threading.Lock()
+        wake.acquire()
+        clock = time.pthread_getcpuclockid(threading.get_ident())
+        while True:
+            with self.lock:
+                idle = not self.ready
+                if idle:
+                    self.idle.append(wake)
+                else:
+                    self.standby += 1
+            if idle:
+                wake.acquire()  # whoever wakes this runner counts it as standing by
+            turn = self._take_turn(clock)
+            while True:
+                with self.lock:
+                    hosted = self.ready.popleft() if self.ready else None
+                    other = self._runner_to_wake(0)
+                if other is not None:
+                    other.release()
+                if hosted is None:
+                    break
+                self._run(hosted, clock if turn else None)
+                if not turn:
+                    break  # back to the turn, which the long step may have left
+            if turn:
+                self.turn.release()
+
+    def _take_turn(self, clock: int) -> bool:
+        """Stand by for the turn: True once taken; False, to go on without it, when its holder's
+        step has used ``TURN_CHECK_S`` of CPU or lasted ten times as long."""
+        try:
+            wait = 0.0
+            while not self.turn.acquire(timeout=wait):
+                wait = TURN_CHECK_S
+                holder, cpu, began = self.step
+                try:
+                    spent = time.clock_gettime(holder) - cpu
+                except OSError:  # a stale reading, of a thread that has gone
+                    continue
+                if spent >= TURN_CHECK_S or time.monotonic() - began >= 10 * TURN_CHECK_S:
+                    return False
+            self.step = (clock, time.clock_gettime(clock), time.monotonic())
+            return True
+        finally:
+            with self.lock:
+                self.standby -= 1
+                other = self._runner_to_wake(1)
+            if other is not None:
+                other.release()
+
+    def _run(self, hosted: Hosted, clock: int | None) -> None:
+        """Drain one slot; ``clock``: this runner's CPU clock while it holds the turn."""
+        try:
+            self._drain(hosted, clock)
+        except Exception as exc:  # a bug must cost one execution, not the worker's others
+            self._end(hosted)
+            self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", []))
+
+    def _drain(self, hosted: Hosted, clock: int | None) -> None:
         """Take the slot's messages in order until none is left or the execution ends."""
         while True:
             with self.lock:
@@ -224,6 +310,8 @@ class Worker:
                     hosted.scheduled = False
                     return
                 message = hosted.mailbox.popleft()
+            if clock is not None:
+                self.step = (clock, time.clock_gettime(clock), time.monotonic())
             out = self._take(hosted, message)
             if isinstance(out, ipc.Finished):
                 self._end(hosted)
