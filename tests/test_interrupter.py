@@ -50,3 +50,21 @@ def test_an_ended_guest_deadline_never_reaches_a_later_guest() -> None:
         later.append(guest)
     time.sleep(0.3)  # every ended guest's deadline has passed
     assert [guest.pokes for guest in later] == [0] * len(later)
+
+
+def test_finished_guests_leave_the_deadlines_as_the_thread_wakes() -> None:
+    """Not one wake-up at each finished guest's deadline: the first wake-up drops them all."""
+    interrupter = Interrupter()
+    finished = [StandIn(time.monotonic() + 60 + index) for index in range(100)]
+    for guest in finished:
+        interrupter.watch(cast(GuestRun, guest))
+        guest.finished = True
+    due = StandIn(time.monotonic() + 0.05)
+    interrupter.watch(cast(GuestRun, due))  # earlier than any: wakes the thread
+    for _ in range(200):
+        if due.pokes:
+            break
+        time.sleep(0.01)
+    assert due.pokes == 1
+    with interrupter._wake:
+        assert interrupter._deadlines == []

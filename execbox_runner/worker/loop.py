@@ -113,13 +113,22 @@ class Interrupter:
             self._pending.pop(guest, None)
 
     def _due(self) -> float | None:
-        """Move guests whose deadline passed to the pokes; seconds until the next deadline."""
+        """Move guests whose deadline passed to the pokes; seconds until the next deadline of a
+        guest that has not finished.
+
+        Finished guests are dropped on the way: the thread then sleeps until the deadline of the
+        oldest execution still going, not until each finished one's (a wake-up per execution).
+        """
         now = time.monotonic()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            guest = heapq.heappop(self._deadlines)[2]()
+        while self._deadlines:
+            deadline, _, ref = self._deadlines[0]
+            guest = ref()
             if guest is not None and guest.finished is None:
+                if deadline > now:
+                    return deadline - now
                 self._pending.setdefault(guest, POKE_ATTEMPTS)
-        return self._deadlines[0][0] - now if self._deadlines else None
+            heapq.heappop(self._deadlines)
+        return None
 
     def _run(self) -> None:
         while True:
