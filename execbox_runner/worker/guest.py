@@ -211,7 +211,7 @@ class GuestRun:
             self._parse_alone()
             main = self.context.eval(self.program.source)  # runs nothing of the guest's yet
             self._arm()
-            providers = json.dumps(run.providers)
+            providers = msgspec.json.encode(run.providers).decode()
             self.api("start", main, providers, run.max_log_lines, run.max_log_chars, _BOOTSTRAP_KEY)
             del main  # the runtime is freed as the execution ends: no reference may outlive it
         except quickjs.JSException as exc:

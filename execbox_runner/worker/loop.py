@@ -64,6 +64,7 @@ DEFAULT_THREADS: Final = 16
 # (blocked, or starved of CPU). Then it goes on without the turn: a spinning guest delays its
 # neighbours by about this much.
 TURN_CHECK_S: Final = 0.001
+_READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
 
@@ -196,8 +197,9 @@ class Worker:
         nothing ran, nothing is to unwind, and the runners may all be busy with spinning
         guests. So is a Measure: the heaps are read without stopping any guest.
         """
+        frames = Frames(self.sock)
         while True:
-            slot, message = recv_to_worker(self.sock)
+            slot, message = frames.next()
             if isinstance(message, ipc.Measure):
                 self._send(0, ipc.Heaps(self._heaps()))
                 continue
@@ -383,9 +385,28 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_to_worker(sock: socket.socket) -> tuple[int, ipc.ToWorker]:
-    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-    return ipc.to_worker_decoder.decode(recv_exactly(sock, length))
+class Frames:
+    """The daemon's frames, read as the kernel has them: one system call for as many frames as have
+    arrived (under load, many), rather than two for each."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+
+    def next(self) -> tuple[int, ipc.ToWorker]:
+        """The next frame, blocking; EOFError on a closed channel."""
+        buffer = self.buffer
+        while True:
+            if len(buffer) >= ipc.HEADER.size:
+                end = ipc.HEADER.size + ipc.HEADER.unpack_from(buffer)[0]
+                if len(buffer) >= end:
+                    body = bytes(buffer[ipc.HEADER.size : end])
+                    del buffer[:end]
+                    return ipc.to_worker_decoder.decode(body)
+            data = self.sock.recv(_READ_BYTES)
+            if not data:
+                raise EOFError("channel closed")
+            buffer += data
 
 
 def address_space(max_memory: int, max_output: int, threads: int) -> int:
