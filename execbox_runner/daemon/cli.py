@@ -8,6 +8,7 @@ usage or configuration error, reported in one line before anything starts.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import signal
@@ -133,6 +134,24 @@ async def _drain_and_stop(daemon: Daemon, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
+# Collections of the youngest objects after this many allocations (Python's default: 700), and of
+# the older generations after this many of the younger ones' (default: 10 and 10).
+GC_THRESHOLDS: Final = (10_000, 50, 100)
+
+
+def _tune_garbage_collection() -> None:
+    """Collect cyclic garbage less often, and never scan what start-up made.
+
+    Each session allocates thousands of objects, nearly all freed by reference counting, so
+    Python's default thresholds ran a collection every few sessions, each scanning every open
+    session's objects: with 4,000 sessions parked, 767 collections took 0.87 s of the daemon's
+    ~6 s of CPU; with these thresholds 51 took 0.25 s. Cycles (trio's cancelled tasks and their
+    tracebacks) are still collected, later.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "exec":
@@ -158,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             return trio.run(
                 supervisor.Supervisor(list(argv if argv is not None else sys.argv[1:]), settings, processes).run
             )
+        _tune_garbage_collection()
         status = trio.run(_serve_until_signalled, daemon)
     except* OSError as group:  # e.g. the port is taken
         cause: BaseException = group
