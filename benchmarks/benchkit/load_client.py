@@ -20,11 +20,16 @@ from .load_sansio import sansio_load
 MODES = ("raw", "sansio")
 
 
+def ready_for_go() -> bool:
+    """Say ``ready`` and wait for the word on stdin: whether it was ``go``."""
+    print("ready", flush=True)
+    return sys.stdin.readline().strip() == "go"
+
+
 def main(mode: str, url: str, concurrency: int, duration: float, code: str) -> None:
     """Say ``ready``, wait for ``go`` on stdin, run the load, print the result as JSON."""
     uri = parse_uri(url)
-    print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    if not ready_for_go():
         return
     if mode == "raw":
         result = raw_load(uri.host, uri.port, concurrency, duration, code)

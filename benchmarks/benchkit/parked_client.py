@@ -15,6 +15,7 @@ from typing import Any
 
 from websockets.uri import parse_uri
 
+from .load_client import ready_for_go
 from .parked_raw import raw_parked
 from .parked_websockets import websockets_parked
 from .parking import raise_nofile_limit
@@ -28,8 +29,7 @@ def main(mode: str, url: str, n: int, delay: float, opening: int) -> None:
     uri = parse_uri(url)
     if uri.host != "127.0.0.1":  # thousands of connections: never to another machine
         raise SystemExit(f"parked_client: 127.0.0.1 only, not {uri.host}")
-    print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    if not ready_for_go():
         return
     result: dict[str, Any]
     if mode == "raw":
