@@ -392,8 +392,7 @@ class Connection:
             await self._perform(self.session.worker_lost(trio.current_time(), "no worker"))
             return
         try:
-            with trio.move_on_after(self.settings.send_timeout):
-                await lease.send(message)
+            await lease.send(message)  # bounded by the worker channel's own send timeout
         except WorkerLost:
             pass  # its reader sees the loss and reports it
 

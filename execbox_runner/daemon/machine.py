@@ -86,10 +86,13 @@ def default_memory_budget(memory: int) -> int:
 def resident_bytes(pids: list[int]) -> int:
     """Resident memory of these processes (gone ones count nothing)."""
     total = 0
-    for pid in pids:
+    for pid in pids:  # several times a second: os calls, not file objects (8 us a process, not 34)
         try:
-            with Path(f"/proc/{pid}/statm").open() as statm:
-                total += int(statm.read().split()[1]) * PAGE_BYTES
+            fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+            try:
+                total += int(os.read(fd, 256).split()[1]) * PAGE_BYTES
+            finally:
+                os.close(fd)
         except (OSError, ValueError, IndexError):
             continue
     return total
