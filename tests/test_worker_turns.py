@@ -3,10 +3,14 @@ another stands by, and a long step lets the others go on without it."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker.loop import recv_exactly
+from execbox_runner.worker.guest import Runtime
+from execbox_runner.worker.loop import Worker, recv_exactly
 
 from .guestkit import run_message
 from .test_sandbox import receive, start_worker
@@ -45,3 +49,46 @@ def test_runs_sent_at_once_all_finish_beside_a_spinning_guest() -> None:
         assert results == {slot: str(slot * 2).encode() for slot in range(2, count + 2)}
         assert receive(sock, 1).code == "timeout"  # type: ignore[union-attr]
     process.wait(timeout=30)
+
+
+def _served(threads: int) -> tuple[Worker, socket.socket, threading.Thread]:
+    ours, theirs = socket.socketpair()
+    worker = Worker(theirs, None, threads=threads)
+
+    def serve() -> None:
+        with contextlib.suppress(EOFError):  # the test closed the channel: the worker's end
+            worker.serve()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert isinstance(receive(ours), ipc.Ready)
+    return worker, ours, thread
+
+
+def _spare(worker: Worker) -> Runtime | None:
+    return worker.spare
+
+
+def _spare_after_one_execution(threads: int, wait: float) -> Runtime | None:
+    worker, sock, thread = _served(threads)
+    with sock:
+        assert _spare(worker) is not None  # the first execution's, made before Ready
+        sock.sendall(ipc.frame(1, run_message("6 * 7")))
+        finished = receive(sock, 1)
+        assert isinstance(finished, ipc.Finished) and finished.result == b"42"
+        deadline = time.monotonic() + wait
+        while _spare(worker) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        spare = _spare(worker)
+    thread.join(timeout=5)
+    return spare
+
+
+def test_a_worker_makes_the_next_runtime_once_nothing_is_ready() -> None:
+    spare = _spare_after_one_execution(threads=2, wait=5)
+    assert spare is not None and spare.context.eval("typeof console.log") == "function"
+
+
+def test_a_worker_with_one_runner_makes_no_spare() -> None:
+    # A spare takes well under 0.5 s to make (~0.3 ms; the other test waits for one up to 5 s).
+    assert _spare_after_one_execution(threads=1, wait=0.5) is None

@@ -281,7 +281,21 @@ class Worker:
                 if not turn:
                     break  # back to the turn, which the long step may have left
             if turn:
+                self._prepare_spare(clock)
                 self.turn.release()
+
+    def _prepare_spare(self, clock: int) -> None:
+        """(Holding the turn, nothing ready.) Make the next execution's runtime now, before its Run
+        arrives: ~0.25 ms less between a host's ``execute`` and its guest running. A worker with one
+        runner (``hardened``: retired after its one execution) makes none."""
+        with self.lock:
+            if self.spare is not None or self.ready or self.threads == 1:
+                return
+        self.step = (clock, time.clock_gettime(clock), time.monotonic())
+        spare = fresh_runtime()
+        with self.lock:
+            if self.spare is None:
+                self.spare = spare
 
     def _take_turn(self, clock: int) -> bool:
         """Stand by for the turn: True once taken; False, to go on without it, when its holder's
