@@ -3,6 +3,7 @@
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -167,6 +168,33 @@ def test_bootstrap_survives_prototype_tampering() -> None:
     """
     finished = run(code)
     assert json.loads(finished.result) == {"a": [1, 2]}
+
+
+# Accessor keys on Object.prototype make every descriptor literal an accessor descriptor too.
+DESCRIPTOR_TAMPERING = [
+    "Object.prototype.get = function () { return 1 };",
+    "Object.defineProperty(Object.prototype, 'set', { value: function () {}, configurable: true });",
+]
+
+
+@pytest.mark.parametrize("tamper", DESCRIPTOR_TAMPERING)
+def test_host_errors_reach_a_guest_that_put_accessor_keys_on_object_prototype(tamper: str) -> None:
+    def host(provider: str, tool: str, value: Any) -> Any:
+        raise HostError("not_found", "no such thing")
+
+    code = tamper + "let r; try { await tools.fail({}) } catch (e) { r = [e.code, e.message] } r"
+    assert value(run(code, host=host)) == ["not_found", "no such thing"]
+    unserializable = tamper + "let r; try { await tools.echo(() => 1) } catch (e) { r = e.code } r"
+    assert value(run(unserializable)) == "serialization_error"
+
+
+@pytest.mark.parametrize("tamper", DESCRIPTOR_TAMPERING)
+def test_abort_ends_a_guest_that_put_accessor_keys_on_object_prototype(tamper: str) -> None:
+    code = tamper + "try { await tools.echo(1) } catch (e) { console.log(e.code) }"
+    guest = GuestRun(run_message(code, providers=[("tools", ["echo"])]))
+    assert isinstance(guest.start(), ipc.ToolCalls)
+    finished = guest.abort()
+    assert (finished.code, finished.logs) == ("timeout", ["timeout"])
 
 
 def test_queue_microtask_errors_fail_the_execution() -> None:

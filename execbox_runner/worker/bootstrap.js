@@ -114,9 +114,11 @@
   // or [4, message, engine stack or null] (a guest failure, for the worker to judge).
   let outcome = null;
 
+  // Made after guest code ran, which may have put `get` or `set` on Object.prototype: a descriptor
+  // inheriting them would be an accessor descriptor, which defineProperty refuses with a value.
   const trustedError = (code, message) => {
     const error = new ErrorCtor(message);
-    defineProperty(error, "code", { value: code, writable: true, enumerable: true, configurable: true });
+    defineProperty(error, "code", { __proto__: null, value: code, writable: true, enumerable: true, configurable: true });
     reflectApply(weakMapSet, trusted, [error, [code, message]]);
     return error;
   };
