@@ -147,7 +147,7 @@ class Worker:
         self.cause: ExitCause | None = None  # how it ended, once known (None: the pool stopped first)
         self.idle_since = trio.current_time()
         self._next_slot = 0
-        self._buffer = bytearray()
+        self._frames = ipc.Unframer(max_frame)
         self._send_lock = trio.Lock()
         self._heaps: ipc.Heaps | None = None  # its answer to the last Measure
         self._measured = trio.Event()
@@ -192,28 +192,21 @@ class Worker:
             raise WorkerLost(f"worker did not read its channel for {SEND_TIMEOUT_S:g} s")
 
     async def receive(self) -> tuple[int, ipc.FromWorker]:
-        header = await self._read(ipc.HEADER.size)
-        (length,) = ipc.HEADER.unpack(header)
-        if length > self.max_frame:
-            raise WorkerLost(f"worker frame of {length} bytes exceeds {self.max_frame}")
-        body = await self._read(length)
+        try:
+            while (body := self._frames.next()) is None:
+                try:
+                    chunk = await self.stream.receive_some(max(65536, self._frames.missing()))
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    raise ChannelClosed(str(exc)) from None
+                if not chunk:
+                    raise ChannelClosed("worker channel closed")
+                self._frames.feed(chunk)
+        except ipc.FrameTooLarge as exc:
+            raise WorkerLost(f"worker frame of {exc.length} bytes exceeds {self.max_frame}") from None
         try:
             return ipc.from_worker_decoder.decode(body)
         except Exception as exc:
             raise WorkerLost(f"undecodable worker message: {exc}") from None
-
-    async def _read(self, n: int) -> bytes:
-        while len(self._buffer) < n:
-            try:
-                chunk = await self.stream.receive_some(max(65536, n - len(self._buffer)))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise ChannelClosed(str(exc)) from None
-            if not chunk:
-                raise ChannelClosed("worker channel closed")
-            self._buffer += chunk
-        data = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return data
 
     def kill(self, reason: StopReason) -> None:
         """SIGKILL it, for ``reason``, unless it has exited already (then how it ended is its own)."""

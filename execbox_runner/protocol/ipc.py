@@ -117,3 +117,48 @@ def frame(slot: int, message: ToWorker | FromWorker) -> bytes:
     """One frame: the execution's slot and the message, length-prefixed."""
     body = _encoder.encode((slot, message))
     return HEADER.pack(len(body)) + body
+
+
+class FrameTooLarge(Exception):
+    """A frame's header announced a body over the reader's bound."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"frame of {length} bytes")
+        self.length = length
+
+
+class Unframer:
+    """Frame bodies out of the channel's bytes as they arrive, at either end (no I/O here).
+
+    ``max_body`` bounds what a header may announce (the daemon's bound on untrusted workers),
+    checked as soon as the header is in, before any of the body is kept.
+    """
+
+    def __init__(self, max_body: int | None = None) -> None:
+        self._buffer = bytearray()
+        self._max_body = max_body
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next(self) -> bytes | None:
+        """The next whole frame's body (taken), or None until more bytes are fed."""
+        buffer = self._buffer
+        if len(buffer) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack_from(buffer)
+        if self._max_body is not None and length > self._max_body:
+            raise FrameTooLarge(length)
+        end = HEADER.size + length
+        if len(buffer) < end:
+            return None
+        body = bytes(buffer[HEADER.size : end])
+        del buffer[:end]
+        return body
+
+    def missing(self) -> int:
+        """How many more bytes the next frame needs (at least its header's)."""
+        if len(self._buffer) < HEADER.size:
+            return HEADER.size - len(self._buffer)
+        (length,) = HEADER.unpack_from(self._buffer)
+        return int(HEADER.size + length - len(self._buffer))

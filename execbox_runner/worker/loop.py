@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -198,9 +199,7 @@ class Worker:
         nothing ran, nothing is to unwind, and the runners may all be busy with spinning
         guests. So is a Measure: the heaps are read without stopping any guest.
         """
-        frames = Frames(self.sock)
-        while True:
-            slot, message = frames.next()
+        for slot, message in receive_frames(self.sock):
             if isinstance(message, ipc.Measure):
                 self._send(0, ipc.Heaps(self._heaps()))
                 continue
@@ -400,28 +399,17 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-class Frames:
+def receive_frames(sock: socket.socket) -> Iterator[tuple[int, ipc.ToWorker]]:
     """The daemon's frames, read as the kernel has them: one system call for as many frames as have
-    arrived (under load, many), rather than two for each."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = bytearray()
-
-    def next(self) -> tuple[int, ipc.ToWorker]:
-        """The next frame, blocking; EOFError on a closed channel."""
-        buffer = self.buffer
-        while True:
-            if len(buffer) >= ipc.HEADER.size:
-                end = ipc.HEADER.size + ipc.HEADER.unpack_from(buffer)[0]
-                if len(buffer) >= end:
-                    body = bytes(buffer[ipc.HEADER.size : end])
-                    del buffer[:end]
-                    return ipc.to_worker_decoder.decode(body)
-            data = self.sock.recv(_READ_BYTES)
+    arrived (under load, many), rather than two for each. EOFError once the channel closes."""
+    frames = ipc.Unframer()
+    while True:
+        while (body := frames.next()) is None:
+            data = sock.recv(_READ_BYTES)
             if not data:
                 raise EOFError("channel closed")
-            buffer += data
+            frames.feed(data)
+        yield ipc.to_worker_decoder.decode(body)
 
 
 def address_space(max_memory: int, max_output: int, threads: int) -> int:
