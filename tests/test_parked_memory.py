@@ -80,8 +80,11 @@ def test_heaps_can_be_read_from_another_thread_while_runtimes_are_freed() -> Non
     readings: list[int] = []
 
     def measure() -> None:
-        while not stop.is_set():
+        while True:
+            done = stop.is_set()  # read first: the last reading starts after every runtime is freed
             readings.append(sum(guest.memory.used for guest in guests))
+            if done:
+                return
 
     reader = threading.Thread(target=measure)
     reader.start()
