@@ -44,7 +44,6 @@ import socket
 import struct
 import subprocess
 import sys
-from collections import deque
 from typing import Final, Literal, NamedTuple, TypeAlias
 
 import trio
@@ -235,9 +234,10 @@ def _readable(fd: int) -> bool:
 class Lease:
     """One execution's slot in a worker, and the worker's messages for it.
 
-    The messages wait in a plain deque that wakes the one task receiving them: a memory
+    The messages wait in a plain list that wakes the one task receiving them: a memory
     channel per execution cost ~1.4 KiB and a few microseconds to open, for one reader and
-    one writer that never need its fairness or its closing.
+    one writer that never need its fairness or its closing; a deque's empty block alone is
+    760 bytes (a list's 56), and a parked execution's mailbox is empty.
     """
 
     __slots__ = ("_mailbox", "_receiver", "abandoned", "finished", "run_sent", "slot", "worker")
@@ -248,7 +248,7 @@ class Lease:
         self.finished = False  # the worker has sent this slot's Finished
         self.abandoned = False  # given up before it finished; the worker was told to abort
         self.run_sent = False  # the Run is (being) written: the worker knows this slot
-        self._mailbox: deque[ipc.ToolCalls | ipc.Finished | WorkerLost] = deque()
+        self._mailbox: list[ipc.ToolCalls | ipc.Finished | WorkerLost] = []
         self._receiver: trio.lowlevel.Task | None = None  # the task waiting in ``receive``
 
     async def send(self, message: ipc.ToWorker) -> None:
@@ -269,7 +269,7 @@ class Lease:
                 return trio.lowlevel.Abort.SUCCEEDED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
-        message = self._mailbox.popleft()
+        message = self._mailbox.pop(0)
         if isinstance(message, WorkerLost):
             raise message
         return message
