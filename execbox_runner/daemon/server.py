@@ -19,6 +19,7 @@ same TLS, bounds and shedding, and never a session.
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import ipaddress
 import logging
 import math
@@ -101,6 +102,7 @@ def host_report(settings: Settings) -> dict[str, object]:
         "machine": platform.machine(),
         "profile": settings.profile,
         "interrupt_running_guests": native.SUPPORTED,
+        "quickjs": {"version": importlib.metadata.version("quickjs-ng"), "arena_bytes": native.ARENA_BYTES},
         "protections": protections,
         "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),
         "warnings": sandbox.warnings(protections),

@@ -59,8 +59,9 @@ TIMEOUT_MESSAGE: Final = "Execution timed out"
 # its peak since then: it shrinks. Under a steady load the freed pages are soon reused, and
 # trimming would only fault them in again.
 TRIM_AFTER_BYTES: Final = 32 << 20
-# What a runtime holds beyond the bytes QuickJS counts (the free blocks of its 4 KiB arenas).
-_RUNTIME_SLACK_BYTES: Final = 64 << 10
+# What a runtime holds beyond the bytes QuickJS counts: the free blocks of its arenas, about
+# 16 arenas' worth (~69 KiB of 4 KiB arenas in a fresh runtime, ~29 KiB of 2 KiB ones).
+_RUNTIME_SLACK_BYTES: Final = 16 * native.ARENA_BYTES
 
 _Call = tuple[int, str, str, bool, msgspec.Raw]
 _poll_decoder: Final = msgspec.json.Decoder(tuple[list[_Call], list[str], list[msgspec.Raw] | None])

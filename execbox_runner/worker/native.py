@@ -14,9 +14,9 @@ compiled code, nor say that an allocation was refused, and all three matter here
   binding's library), about four times faster than compiling its source again,
   and without the source text every function would otherwise keep.
 * ``MemoryLimit`` enforces the guest's memory limit in QuickJS's allocator
-  hooks (``JSRuntime.mf``, which the arena allocator calls for each 4 KiB arena
-  and each large block) instead of QuickJS's own check, and counts what it
-  refuses. A refusal is the evidence of a real out-of-memory: QuickJS's own
+  hooks (``JSRuntime.mf``, which the arena allocator calls for each arena of
+  small blocks, ``ARENA_BYTES``, and each large block) instead of QuickJS's own
+  check, and counts what it refuses. A refusal is the evidence of a real out-of-memory: QuickJS's own
   failure values (an error object, ``null``, or no value at all when even that
   cannot be allocated) are all values guest code can make or hold.
 
@@ -223,12 +223,14 @@ def hooks_memory() -> bool:
     return _defaults is not None
 
 
+# The size of QuickJS's small-block arenas: 4 KiB in quickjs-ng's own builds; a build of
+# ``deploy/quickjs/build.py`` has smaller ones and says so in the module.
+ARENA_BYTES: Final[int] = getattr(quickjs, "ARENA_BYTES", 4096)
 # Once an allocation was refused, QuickJS must still be able to raise its out-of-memory error:
 # the error object, its message and its stack trace may need new arenas. So past a refusal,
 # arena-sized requests may take the runtime this far over its limit. Without it, whether the
 # guest sees that error (with its position), an error without its innermost frame, or a bare
 # null depended on the free space left in the arenas in use.
-_ARENA_BYTES: Final = 4096
 _RESERVE_BYTES: Final = 64 << 10
 
 
@@ -246,7 +248,7 @@ class _Budget:
         allocator = self.allocator
         if allocator is None or allocator.size + size <= self.limit:
             return False
-        if self.refusals and size <= _ARENA_BYTES and allocator.size + size <= self.limit + _RESERVE_BYTES:
+        if self.refusals and size <= ARENA_BYTES and allocator.size + size <= self.limit + _RESERVE_BYTES:
             return False
         self.refusals += 1
         return True

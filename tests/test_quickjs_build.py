@@ -1,0 +1,96 @@
+"""The QuickJS build in use: deploy/quickjs/build.py's edits, and that the arena size the
+runner believes in is the one QuickJS really allocates with."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from execbox_runner.worker import native
+
+BUILD_SCRIPT = Path(__file__).parent.parent / "deploy" / "quickjs" / "build.py"
+
+
+def build_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("quickjs_build", BUILD_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sdist_tree(root: Path, arena_line: str) -> Path:
+    """The three files of quickjs-ng's sdist that the build edits, as the pinned sdist has them."""
+    build = build_script()
+    (root / "upstream-quickjs").mkdir(parents=True)
+    (root / "quickjs").mkdir()
+    (root / "upstream-quickjs" / "quickjs.c").write_text(f"#define JS_ARENA_ALIGN             8\n{arena_line}")
+    (root / "quickjs" / "__init__.py").write_text("import _quickjs\n")
+    (root / "pyproject.toml").write_text(f'[project]\nname = "quickjs-ng"\nversion = "{build.VERSION}"\n')
+    return root
+
+
+def test_the_build_sets_the_arena_size_and_says_so(tmp_path: Path) -> None:
+    build = build_script()
+    tree = sdist_tree(tmp_path, build.ARENA_LINE)
+    build.patch(tree, 2048)
+    assert "#define JS_ARENA_SIZE              2048\n" in (tree / "upstream-quickjs" / "quickjs.c").read_text()
+    namespace: dict[str, object] = {}
+    exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
+    assert namespace["ARENA_BYTES"] == 2048
+    assert f'version = "{build.VERSION}+arena2048"' in (tree / "pyproject.toml").read_text()
+
+
+def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
+    build = build_script()
+    tree = sdist_tree(tmp_path, "#define JS_ARENA_SIZE 8192\n")
+    with pytest.raises(SystemExit, match="not quickjs-ng"):
+        build.patch(tree, 2048)
+
+
+FREE_ARENA_SPACE = """
+import ctypes, quickjs
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = Info
+quickjs.Context()
+before, counted, kept = mallinfo2().uordblks, 0, []
+for _ in range(200):
+    kept.append(quickjs.Context())
+    counted += kept[-1].memory()["malloc_size"]
+print((mallinfo2().uordblks - before - counted) / 200)
+"""
+
+
+def test_the_arena_size_in_use_is_the_one_reported() -> None:
+    """A fresh runtime's heap beyond what QuickJS counts is the free space of its partly used
+    arenas, about 16 arenas' worth (~69 KiB of 4 KiB ones, ~30 KiB of 2 KiB ones): a build
+    whose arenas are not ``ARENA_BYTES`` falls outside 8-24 of them."""
+    done = subprocess.run(
+        [sys.executable, "-c", FREE_ARENA_SPACE],
+        env={"MALLOC_ARENA_MAX": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    free = float(done.stdout)
+    assert 8 * native.ARENA_BYTES <= free <= 24 * native.ARENA_BYTES, (free, native.ARENA_BYTES)
+
+
+def test_info_names_the_quickjs_build() -> None:
+    run = [sys.executable, "-m", "execbox_runner", "info"]
+    report = json.loads(subprocess.run([*run, "--json"], capture_output=True, timeout=60, check=True).stdout)
+    version = importlib.metadata.version("quickjs-ng")
+    assert report["quickjs"] == {"version": version, "arena_bytes": native.ARENA_BYTES}
+    text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas" in text.splitlines()
