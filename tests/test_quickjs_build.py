@@ -26,9 +26,11 @@ def build_script() -> ModuleType:
     return module
 
 
+build = build_script()
+
+
 def sdist_tree(root: Path, arena_line: str) -> Path:
     """The three files of quickjs-ng's sdist that the build edits, as the pinned sdist has them."""
-    build = build_script()
     (root / "upstream-quickjs").mkdir(parents=True)
     (root / "quickjs").mkdir()
     (root / "upstream-quickjs" / "quickjs.c").write_text(f"#define JS_ARENA_ALIGN             8\n{arena_line}")
@@ -38,7 +40,6 @@ def sdist_tree(root: Path, arena_line: str) -> Path:
 
 
 def test_the_build_sets_the_arena_size_and_says_so(tmp_path: Path) -> None:
-    build = build_script()
     tree = sdist_tree(tmp_path, build.ARENA_LINE)
     build.patch(tree, 2048)
     assert "#define JS_ARENA_SIZE              2048\n" in (tree / "upstream-quickjs" / "quickjs.c").read_text()
@@ -49,7 +50,6 @@ def test_the_build_sets_the_arena_size_and_says_so(tmp_path: Path) -> None:
 
 
 def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
-    build = build_script()
     tree = sdist_tree(tmp_path, "#define JS_ARENA_SIZE 8192\n")
     with pytest.raises(SystemExit, match="not quickjs-ng"):
         build.patch(tree, 2048)

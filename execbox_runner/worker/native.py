@@ -16,9 +16,10 @@ compiled code, nor say that an allocation was refused, and all three matter here
 * ``MemoryLimit`` enforces the guest's memory limit in QuickJS's allocator
   hooks (``JSRuntime.mf``, which the arena allocator calls for each arena of
   small blocks, ``ARENA_BYTES``, and each large block) instead of QuickJS's own
-  check, and counts what it refuses. A refusal is the evidence of a real out-of-memory: QuickJS's own
-  failure values (an error object, ``null``, or no value at all when even that
-  cannot be allocated) are all values guest code can make or hold.
+  check, and counts what it refuses. A refusal is the evidence of a real
+  out-of-memory: QuickJS's own failure values (an error object, ``null``, or
+  no value at all when even that cannot be allocated) are all values guest
+  code can make or hold.
 
 Both depend on the binding's private ``ContextData`` layout, verified once per
 process: the exported ``JS_GetRuntime`` must map the stored context pointer to
@@ -226,6 +227,7 @@ def hooks_memory() -> bool:
 # The size of QuickJS's small-block arenas: 4 KiB in quickjs-ng's own builds; a build of
 # ``deploy/quickjs/build.py`` has smaller ones and says so in the module.
 ARENA_BYTES: Final[int] = getattr(quickjs, "ARENA_BYTES", 4096)
+
 # Once an allocation was refused, QuickJS must still be able to raise its out-of-memory error:
 # the error object, its message and its stack trace may need new arenas. So past a refusal,
 # arena-sized requests may take the runtime this far over its limit. Without it, whether the
