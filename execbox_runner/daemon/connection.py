@@ -13,7 +13,7 @@ alone, logged at info: it is never an error of the daemon.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -22,7 +22,7 @@ import trio
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import State
+from websockets.protocol import Protocol, Side, State
 from websockets.server import ServerProtocol
 
 from ..protocol import ipc
@@ -37,7 +37,7 @@ from ..protocol.session import (
     Session,
     StartRun,
 )
-from . import endpoints, logs
+from . import endpoints, handshake, logs
 from .config import Settings
 from .endpoints import DaemonState
 from .pool import Lease, WorkerLost, WorkerPool
@@ -73,7 +73,7 @@ class Connection:
         self.state = state
         self._counted = False  # this connection holds one of the daemon's session places
         self._idle_since: float | None = None  # when the session last had no execution
-        self.ws = ServerProtocol(max_size=settings.max_message_bytes)
+        self.ws: Protocol  # made by the handshake: websockets' ServerProtocol, or a Protocol already open
         self.session = Session(
             cancel_grace=settings.cancel_grace,
             timeout_grace=settings.timeout_grace,
@@ -141,41 +141,67 @@ class Connection:
                 pass
 
     async def _handshake(self) -> list[Frame] | None:
-        """Answer the opening handshake; the frames that came with it, or None if it failed."""
+        """Answer the opening handshake; the frames that came with it, or None if it failed.
+
+        A plain upgrade request that arrives whole takes the fast path (``handshake``); any
+        other request is websockets' to parse and answer."""
+        data = await self.stream.receive_some(RECEIVE_BYTES)
+        if not data:
+            return None
+        upgrade = handshake.parse_upgrade(data)
+        if upgrade is not None:
+            return await self._upgrade(upgrade)
+        self.ws = ServerProtocol(max_size=self.settings.max_message_bytes)
         while True:
-            data = await self.stream.receive_some(RECEIVE_BYTES)
-            if not data:
-                return None
             self.ws.receive_data(data)
             events = self.ws.events_received()
             for index, event in enumerate(events):
                 if isinstance(event, Request):
-                    self._requested()
-                    answer = endpoints.route(event, self.state, peer=self.peer)
-                    if answer is None and self.ws.eof_sent:
-                        answer = endpoints.bad_request("what followed the handshake request is not WebSocket frames")
-                    if answer is not None:  # health, readiness, or a refused session
-                        await self._respond(answer)
-                        return None
-                    self.tenant = endpoints.tenant(event, self.state)
-                    self.correlation_id = logs.correlation_id(event.headers)
-                    if self._record_dir is not None:
-                        self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id)
-                    response = self.ws.accept(event)
-                    response.headers["X-Request-Id"] = self.correlation_id  # for the host's own logs
-                    self.ws.send_response(response)
-                    # websockets' parser keeps the request for the connection's life: its headers
-                    # (~2.4 KiB) are of no use past the handshake.
-                    event.headers.clear()
-                    await self._flush()
-                    if self.ws.state is State.OPEN:
-                        self.state.sessions += 1
-                        self._counted = True
-                        self._idle_since = trio.current_time()
-                    return [e for e in events[index + 1 :] if isinstance(e, Frame)]
+                    return await self._accept(event, events[index + 1 :])
             if self.ws.close_expected():  # malformed handshake: websockets answered 400
                 await self._flush()
                 return None
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return None
+
+    async def _upgrade(self, upgrade: handshake.Upgrade) -> list[Frame] | None:
+        """The fast path: the session's protocol starts open, fed what followed the request."""
+        self.ws = Protocol(Side.SERVER, max_size=self.settings.max_message_bytes)
+        self.ws.receive_data(upgrade.rest)
+        return await self._accept(upgrade.request, self.ws.events_received(), upgrade.accept)
+
+    async def _accept(self, request: Request, after: Sequence[object], accept: str | None = None) -> list[Frame] | None:
+        """Route the handshake request: answer a probe or a refusal, else open the session.
+        ``after``: what the protocol parsed of the bytes that followed the request; ``accept``:
+        the fast path's ``Sec-WebSocket-Accept`` (websockets answers the others)."""
+        self._requested()
+        answer = endpoints.route(request, self.state, peer=self.peer)
+        if answer is None and self.ws.eof_sent:
+            answer = endpoints.bad_request("what followed the handshake request is not WebSocket frames")
+        if answer is not None:  # health, readiness, or a refused session
+            await self._respond(answer)
+            return None
+        self.tenant = endpoints.tenant(request, self.state)
+        self.correlation_id = logs.correlation_id(request.headers)
+        if self._record_dir is not None:
+            self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id)
+        if accept is not None:
+            await self._write(handshake.response(accept, self.correlation_id))
+        else:
+            assert isinstance(self.ws, ServerProtocol)
+            response = self.ws.accept(request)
+            response.headers["X-Request-Id"] = self.correlation_id  # for the host's own logs
+            self.ws.send_response(response)
+            # websockets' parser keeps the request for the connection's life: its headers
+            # (~2.4 KiB) are of no use past the handshake.
+            request.headers.clear()
+            await self._flush()
+        if self.ws.state is State.OPEN:
+            self.state.sessions += 1
+            self._counted = True
+            self._idle_since = trio.current_time()
+        return [event for event in after if isinstance(event, Frame)]
 
     async def _respond(self, response: Response) -> None:
         """Answer a request that does not become a session, then end the connection.
