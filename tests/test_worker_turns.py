@@ -7,10 +7,15 @@ import contextlib
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker.guest import Runtime
-from execbox_runner.worker.loop import Worker, recv_exactly
+from execbox_runner.worker import loop
+from execbox_runner.worker.guest import GuestRun, Runtime
+from execbox_runner.worker.loop import TURN_CHECK_S, Worker, recv_exactly
 
 from .guestkit import run_message
 from .test_sandbox import receive, start_worker
@@ -51,9 +56,13 @@ def test_runs_sent_at_once_all_finish_beside_a_spinning_guest() -> None:
     process.wait(timeout=30)
 
 
-def _served(threads: int) -> tuple[Worker, socket.socket, threading.Thread]:
+def _served(
+    threads: int, before: Callable[[Worker], None] = lambda worker: None
+) -> tuple[Worker, socket.socket, threading.Thread]:
+    """A worker serving in this process; ``before`` sees it before its runner threads start."""
     ours, theirs = socket.socketpair()
     worker = Worker(theirs, None, threads=threads)
+    before(worker)
 
     def serve() -> None:
         with contextlib.suppress(EOFError):  # the test closed the channel: the worker's end
@@ -92,3 +101,41 @@ def test_a_worker_makes_the_next_runtime_once_nothing_is_ready() -> None:
 def test_a_worker_with_one_runner_makes_no_spare() -> None:
     # A spare takes well under 0.5 s to make (~0.3 ms; the other test waits for one up to 5 s).
     assert _spare_after_one_execution(threads=1, wait=0.5) is None
+
+
+class _SlowToMake(GuestRun):
+    """A guest whose making (runtime, normalized code) takes 2 ms of CPU, twice ``TURN_CHECK_S``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        end = time.thread_time() + 2 * TURN_CHECK_S
+        while time.thread_time() < end:
+            pass
+        super().__init__(*args, **kwargs)
+
+
+def test_making_a_guest_never_counts_as_a_long_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loaded worker once counted it: every runner went on without the turn, and contended for the GIL.
+    monkeypatch.setattr(loop, "GuestRun", _SlowToMake)
+    went_on: list[bool] = []
+
+    def count(worker: Worker) -> None:
+        take_turn = worker._take_turn
+
+        def counted(clock: int) -> bool:
+            taken = take_turn(clock)
+            if not taken:
+                went_on.append(True)
+            return taken
+
+        worker._take_turn = counted  # type: ignore[method-assign]
+
+    _, sock, thread = _served(4, count)
+    runs = 40
+    with sock:
+        sock.sendall(b"".join(ipc.frame(slot, run_message(f"{slot} * 2")) for slot in range(1, runs + 1)))
+        for _ in range(runs):
+            (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+            _, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+            assert isinstance(message, ipc.Finished) and message.ok, message
+    thread.join(timeout=5)
+    assert went_on == []

@@ -290,7 +290,7 @@ class Worker:
         with self.lock:
             if self.spare is not None or self.ready or self.threads == 1:
                 return
-        self.step = (clock, time.clock_gettime(clock), time.monotonic())
+        self._step_begins(clock, counting_cpu=False)  # runs no guest code (see ``_take``)
         spare = fresh_runtime()
         with self.lock:
             if self.spare is None:
@@ -310,7 +310,7 @@ class Worker:
                     continue
                 if spent >= TURN_CHECK_S or time.monotonic() - began >= 10 * TURN_CHECK_S:
                     return False
-            self.step = (clock, time.clock_gettime(clock), time.monotonic())
+            self._step_begins(clock)
             return True
         finally:
             with self.lock:
@@ -336,8 +336,9 @@ class Worker:
                     return
                 message = hosted.mailbox.pop(0)
             if clock is not None:
-                self.step = (clock, time.clock_gettime(clock), time.monotonic())
-            out = self._take(hosted, message)
+                # A Run's CPU is counted once its guest is made (see ``_take``).
+                self._step_begins(clock, counting_cpu=not isinstance(message, ipc.Run))
+            out = self._take(hosted, message, clock)
             if isinstance(out, ipc.Finished):
                 self._end(hosted)
                 self._send(hosted.slot, out)
@@ -345,11 +346,27 @@ class Worker:
             if out.calls or out.logs:
                 self._send(hosted.slot, out)
 
-    def _take(self, hosted: Hosted, message: ipc.ToWorker) -> ipc.ToolCalls | ipc.Finished:
+    def _step_begins(self, clock: int, *, counting_cpu: bool = True) -> None:
+        """(Holding the turn.) A step starts now: ``_take_turn`` measures a long one from here, by
+        its wall-clock time only while not ``counting_cpu``."""
+        self.step = (clock, time.clock_gettime(clock) if counting_cpu else math.inf, time.monotonic())
+
+    def _take(self, hosted: Hosted, message: ipc.ToWorker, clock: int | None) -> ipc.ToolCalls | ipc.Finished:
+        """One message of a slot; ``clock`` as for ``_run``.
+
+        A Run's CPU is counted from when its guest is made: making it (a runtime when no spare
+        was prepared, the code normalized) is work of ~0.5 ms that runs no guest code. Counted
+        in, it pushed steps past ``TURN_CHECK_S`` on a loaded worker, every runner went on without
+        the turn and they contended for the GIL: twice the CPU per execution, and the backlog
+        that caused it grew. A guest that takes long to make still lets the others go on by the
+        step's wall-clock time.
+        """
         if isinstance(message, ipc.Run):
             with self.lock:  # the prepared runtime is for exactly one execution
                 runtime, self.spare = self.spare, None
             guest = GuestRun(message, runtime, arrived=hosted.arrived)
+            if clock is not None:
+                self._step_begins(clock)
             with self.lock:
                 hosted.guest = guest
                 aborting = hosted.aborting
