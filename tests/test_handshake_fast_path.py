@@ -14,8 +14,11 @@ import time
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from websockets.client import ClientProtocol
+from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory
 from websockets.http11 import Request
 from websockets.server import ServerProtocol
+from websockets.uri import parse_uri
 
 from execbox_runner.daemon import handshake
 
@@ -54,6 +57,16 @@ def test_common_host_variants_take_it_too() -> None:
     ]
     for data in variants:
         assert handshake.parse_upgrade(data) is not None, data
+
+
+def test_the_request_of_websockets_own_client_takes_it() -> None:
+    # Offering permessage-deflate, as its connect() does by default (and the TypeScript ws
+    # package): no extension is accepted on either path, so the 101 names none.
+    client = ClientProtocol(parse_uri("ws://127.0.0.1:8765/"), extensions=[ClientPerMessageDeflateFactory()])
+    data = client.connect().serialize()
+    upgrade = handshake.parse_upgrade(data)
+    assert upgrade is not None and upgrade.rest == b""
+    assert websockets_view(data)[1:] == (101, upgrade.accept)
 
 
 def test_what_is_not_plainly_an_upgrade_is_left_to_websockets() -> None:
