@@ -202,3 +202,12 @@ def test_a_session_opens_on_either_path_over_a_real_socket() -> None:
                 assert read_text(sock)["type"] == "started", name
                 done = read_text(sock)
                 assert (done["type"], done["ok"], done["result"]) == ("done", True, 2), name
+
+
+def test_a_ping_sent_with_the_request_is_answered_right_after_the_101() -> None:
+    mask, payload = b"\x01\x02\x03\x04", b"hi"
+    ping = b"\x89" + bytes([0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    with running_daemon() as daemon, socket.create_connection(address(daemon), timeout=SOCKET_TIMEOUT_S) as sock:
+        head = open_session(sock, [PLAIN + ping])
+        assert head.startswith(b"HTTP/1.1 101 "), head
+        assert sock.recv(4) == b"\x8a\x02hi"  # the pong, before the host sends anything else

@@ -188,6 +188,7 @@ class Connection:
             self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id)
         if accept is not None:
             await self._write(handshake.response(accept, self.correlation_id))
+            await self._flush()  # the protocol's answers to frames sent with the request (a pong)
         else:
             assert isinstance(self.ws, ServerProtocol)
             response = self.ws.accept(request)
