@@ -1,10 +1,11 @@
 """One WebSocket connection: websockets' Sans-I/O protocol over a trio stream.
 
 The connection is the thin I/O shell around ``Session``: it completes the
-handshake, assembles text messages from frames, feeds the session host
-messages, worker messages and timer expiries, and performs the actions the
-session returns (send to the host, start or message a worker, release it,
-close). Every send to the host is bounded in time, so a peer that stops
+handshake (a plain one through ``handshake``'s fast path, any other through
+websockets' ``ServerProtocol``), assembles text messages from frames, feeds
+the session host messages, worker messages and timer expiries, and performs
+the actions the session returns (send to the host, start or message a worker,
+release it, close). Every send to the host is bounded in time, so a peer that stops
 reading cannot hold anything else up. Whatever a peer does to its connection
 (resetting it, stopping reading, pipelining requests) ends that connection
 alone, logged at info: it is never an error of the daemon.
