@@ -93,6 +93,15 @@ BASE = [
     f"Sec-WebSocket-Key: {KEY}",
     "Sec-WebSocket-Version: 13",
 ]
+
+
+def test_the_longest_line_is_websockets_longest() -> None:
+    for size, taken in ((handshake.MAX_LINE_BYTES - 2, True), (handshake.MAX_LINE_BYTES - 1, False)):
+        data = PLAIN[:-2] + b"X-Long: " + b"a" * (size - len(b"X-Long: ")) + b"\r\n\r\n"
+        assert (handshake.parse_upgrade(data) is not None) is taken
+        assert (websockets_view(data)[1] == 101) is taken
+
+
 LINES = st.sampled_from(
     [
         "Host: 127.0.0.1",
