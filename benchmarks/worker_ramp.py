@@ -25,11 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchkit.procfs import CLK_TCK
+
 from execbox_runner.protocol import ipc
 
 CODE = "const r = await tools.slow({}); r + 1"
 WAIT_S = 60.0  # any one wait on the worker
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

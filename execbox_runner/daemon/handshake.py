@@ -25,13 +25,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from websockets.datastructures import Headers
-from websockets.http11 import Request
+from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS, Request
 from websockets.utils import accept_key
 
-# The limits websockets applies (a longer line with its CRLF, more headers) are left to it: such
-# a request takes its path and gets its answer (414, 431).
-MAX_LINE_BYTES: Final = 8192
-MAX_HEADERS: Final = 128
+# A request past websockets' limits (a longer line with its CRLF, more headers; its operator may
+# set them) is left to it: it takes websockets' path and gets its answer (414, 431).
 # HTTP's token and field-value grammars (RFC 9110), as websockets checks them.
 _TOKEN: Final = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
 _VALUE: Final = re.compile(rb"[\x09\x20-\x7e\x80-\xff]*")
@@ -56,7 +54,7 @@ def parse_upgrade(data: bytes | bytearray) -> Upgrade | None:
     if end < 0:
         return None
     lines = data[:end].split(b"\r\n")
-    if len(lines) > MAX_HEADERS + 1 or any(len(line) + 2 > MAX_LINE_BYTES for line in lines):
+    if len(lines) > MAX_NUM_HEADERS + 1 or any(len(line) + 2 > MAX_LINE_LENGTH for line in lines):
         return None
     parts = lines[0].split(b" ")
     if len(parts) != 3 or parts[0] != b"GET" or parts[2] != b"HTTP/1.1" or not parts[1].isascii():

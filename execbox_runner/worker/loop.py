@@ -335,9 +335,6 @@ class Worker:
                     hosted.scheduled = False
                     return
                 message = hosted.mailbox.pop(0)
-            if clock is not None:
-                # A Run's CPU is counted once its guest is made (see ``_take``).
-                self._step_begins(clock, counting_cpu=not isinstance(message, ipc.Run))
             out = self._take(hosted, message, clock)
             if isinstance(out, ipc.Finished):
                 self._end(hosted)
@@ -352,7 +349,7 @@ class Worker:
         self.step = (clock, time.clock_gettime(clock) if counting_cpu else math.inf, time.monotonic())
 
     def _take(self, hosted: Hosted, message: ipc.ToWorker, clock: int | None) -> ipc.ToolCalls | ipc.Finished:
-        """One message of a slot; ``clock`` as for ``_run``.
+        """One message of a slot, a step; ``clock`` as for ``_run``.
 
         A Run's CPU is counted from when its guest is made: making it (a runtime when no spare
         was prepared, the code normalized) is work of ~0.5 ms that runs no guest code. Counted
@@ -361,6 +358,8 @@ class Worker:
         that caused it grew. A guest that takes long to make still lets the others go on by the
         step's wall-clock time.
         """
+        if clock is not None:
+            self._step_begins(clock, counting_cpu=not isinstance(message, ipc.Run))
         if isinstance(message, ipc.Run):
             with self.lock:  # the prepared runtime is for exactly one execution
                 runtime, self.spare = self.spare, None
