@@ -34,7 +34,7 @@ def websockets_view(data: bytes) -> tuple[Request | None, int | None, str | None
     """What websockets' server makes of ``data``: the request, its answer's status, its accept key."""
     protocol = ServerProtocol()
     protocol.receive_data(data)
-    requests = [event for event in protocol.events_received() if isinstance(event, Request)]
+    requests = [parsed for parsed in protocol.events_received() if isinstance(parsed, Request)]
     if not requests:
         return None, None, None
     response = protocol.accept(requests[0])
@@ -52,7 +52,7 @@ def test_common_host_variants_take_it_too() -> None:
     variants = [
         PLAIN.replace(b"Connection: Upgrade", b"Connection: keep-alive, Upgrade"),
         PLAIN.replace(b"Upgrade: websocket", b"upgrade: WebSocket").replace(b"Connection:", b"connection:"),
-        PLAIN.replace(b"GET / ", b"GET /?tenant=a ") + b"",
+        PLAIN.replace(b"GET / ", b"GET /?tenant=a "),
         PLAIN[:-2] + b"Authorization: Bearer t\r\nOrigin: https://a.example\r\n\r\n",
     ]
     for data in variants:
