@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import io
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import ModuleType
 
@@ -94,3 +96,50 @@ def test_info_names_the_quickjs_build() -> None:
     assert report["quickjs"] == {"version": version, "arena_bytes": native.ARENA_BYTES}
     text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
     assert f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas" in text.splitlines()
+
+
+def sdist_archive(path: Path, *members: tuple[str, bytes | None]) -> Path:
+    """A .tar.gz of ``members``: (name, bytes) for a file, (name, None) for a symlink to /etc/passwd."""
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                archive.addfile(info)
+            else:
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+# The interpreter's own way (extraction filters from Python 3.11.4 on), and the check made without them.
+WAYS = pytest.mark.parametrize("filters", [True, False], ids=["this python", "python before 3.11.4"])
+# What refuses a member: extraction filters raise their own errors; without them the build stops.
+REFUSALS = (SystemExit, *((tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()))
+
+
+@WAYS
+def test_the_build_unpacks_an_sdist_on_every_python_it_supports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: bool
+) -> None:
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    archive = sdist_archive(tmp_path / "quickjs_ng.tar.gz", ("quickjs_ng/setup.py", b"setup()\n"))
+    (tmp_path / "out").mkdir()
+    build.extract(archive, tmp_path / "out")
+    assert (tmp_path / "out" / "quickjs_ng" / "setup.py").read_bytes() == b"setup()\n"
+
+
+@WAYS
+@pytest.mark.parametrize("member", [("../escaped.py", b"x"), ("quickjs_ng/link", None)], ids=["parent path", "symlink"])
+def test_the_build_refuses_an_sdist_member_that_would_escape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filters: bool, member: tuple[str, bytes | None]
+) -> None:
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    archive = sdist_archive(tmp_path / "quickjs_ng.tar.gz", member)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(REFUSALS):
+        build.extract(archive, tmp_path / "out")
+    assert not (tmp_path / "escaped.py").exists()
+    assert not (tmp_path / "out" / "quickjs_ng" / "link").exists()

@@ -57,6 +57,23 @@ def patch(tree: Path, arena_bytes: int) -> None:
     )
 
 
+def extract(archive: Path, where: Path) -> None:
+    """Unpack ``archive`` into ``where``. Python 3.11.4 and later filter its members ("data": no
+    absolute or parent paths, no links out, no devices); earlier 3.11 releases have no filters,
+    so there a member that is not a plain file or directory, or would land outside ``where``,
+    stops the build instead."""
+    with tarfile.open(archive) as sdist:
+        if hasattr(tarfile, "data_filter"):
+            sdist.extractall(where, filter="data")
+            return
+        root = where.resolve()
+        members = sdist.getmembers()
+        for member in members:
+            if not (member.isfile() or member.isdir()) or not (root / member.name).resolve().is_relative_to(root):
+                raise SystemExit(f"{archive.name}: refusing to extract {member.name!r}")
+        sdist.extractall(where, members=members)  # noqa: S202 - every member checked above
+
+
 def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
 
@@ -80,8 +97,7 @@ def main() -> int:
         where = Path(scratch)
         pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", f"{PACKAGE}=={VERSION}", "--dest", scratch)
         (archive,) = where.glob("*.tar.gz")
-        with tarfile.open(archive) as sdist:
-            sdist.extractall(where, filter="data")
+        extract(archive, where)
         tree = where / archive.name.removesuffix(".tar.gz")
         patch(tree, args.arena_bytes)
         print(f"building {PACKAGE} {wanted} (about a minute)", flush=True)
