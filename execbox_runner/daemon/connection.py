@@ -43,7 +43,7 @@ from .config import Settings
 from .endpoints import DaemonState
 from .pool import Lease, WorkerLost, WorkerPool
 from .records import Recorder
-from .streams import nothing_unread, write_whole
+from .streams import await_data, nothing_unread, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class Connection:
         while not self._eof:
             with trio.CancelScope(deadline=min(self._deadline(), self._close_deadline)) as scope:
                 self._timer_scope = scope
-                data = await self.stream.receive_some(RECEIVE_BYTES)
+                data = await await_data(self.stream, RECEIVE_BYTES)
             self._timer_scope = None
             if scope.cancelled_caught:
                 now = trio.current_time()
@@ -383,17 +383,9 @@ class Connection:
             try:
                 lease = self.lease = await self.pool.acquire(self.tenant)
                 await lease.send(self._left_of(run))
+                del run  # nor its code: a parked execution's wait keeps what it needs only
                 while self.lease is lease:  # until the session lets the slot go
-                    message = await lease.receive()
-                    if self.lease is not lease:
-                        # The session let the slot go (and may run the next execution) while this
-                        # message was on its way: it is not the session's any more.
-                        break
-                    now = trio.current_time()
-                    if isinstance(message, ipc.ToolCalls):
-                        await self._perform(self.session.worker_tool_calls(message, now))
-                    elif isinstance(message, ipc.Finished):
-                        await self._perform(self.session.worker_finished(message, now))
+                    await self._relay(lease, await lease.receive())
             except WorkerLost as exc:
                 if self.lease is lease:
                     await self._perform(self.session.worker_lost(trio.current_time(), str(exc)))
@@ -402,6 +394,19 @@ class Connection:
                     # Cancelled between leasing the slot and the session letting it go.
                     self.lease = None
                     self.pool.release(lease)
+
+    async def _relay(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None:
+        """Give the session a worker message (a method, so that nothing keeps it while the relay
+        waits for the next)."""
+        if self.lease is not lease:
+            # The session let the slot go (and may run the next execution) while this message
+            # was on its way: it is not the session's any more.
+            return
+        now = trio.current_time()
+        if isinstance(message, ipc.ToolCalls):
+            await self._perform(self.session.worker_tool_calls(message, now))
+        elif isinstance(message, ipc.Finished):
+            await self._perform(self.session.worker_finished(message, now))
 
     def _left_of(self, run: ipc.Run) -> ipc.Run:
         """``run`` with the time left of its budget now: a wait for room in the pool counts, so the
