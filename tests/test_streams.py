@@ -97,3 +97,34 @@ async def test_other_streams_are_read_their_own_way() -> None:
     await left.send_all(b"in memory")
     with trio.fail_after(5):
         assert await await_data(right, 65536) == b"in memory"
+
+
+async def test_a_cancelled_read_takes_nothing_even_when_bytes_wait() -> None:
+    """Cancelled first, as trio's: a session's timer that fires leaves the host's bytes unread."""
+    server, client = await tcp_pair()
+    async with server, client:
+        await client.send_all(b"pending")
+        await trio.sleep(0.05)  # arrived
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await await_data(server, 65536)
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            assert await await_data(server, 65536) == b"pending"
+
+
+async def test_a_read_of_waiting_bytes_still_lets_other_tasks_run() -> None:
+    """A host that keeps the socket full must not starve the daemon's other tasks."""
+    server, client = await tcp_pair()
+    ran = False
+
+    async def other() -> None:
+        nonlocal ran
+        ran = True
+
+    async with server, client, trio.open_nursery() as nursery:
+        await client.send_all(b"x" * 100)
+        await trio.sleep(0.05)
+        nursery.start_soon(other)
+        assert await await_data(server, 10) == b"x" * 10  # there at once, yet a schedule point
+        assert ran

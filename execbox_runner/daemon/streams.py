@@ -7,10 +7,10 @@ and workers. Where nothing else is being written on a plain socket, the frame is
 handed to the kernel directly; only what it does not take goes the trio way.
 
 trio's ``receive_some`` tries the socket first, then waits and tries again. A
-host's next message is rarely there yet, and a parked execution waits on its
-host for seconds: ``await_data`` on a plain socket waits first and reads once,
-which keeps a shorter chain of frames and objects alive while it waits (~2 KiB
-less per parked session, ~10% of the daemon's share) and saves the failed read.
+parked execution waits on its host for seconds, and all that time the wait
+keeps its chain of frames and objects alive. ``await_data`` reads a plain socket
+the same way with a shorter chain: ~2.4 KiB less per parked session, ~15% of
+the daemon's share.
 """
 
 from __future__ import annotations
@@ -21,23 +21,39 @@ import trio
 
 
 async def await_data(stream: trio.abc.Stream, max_bytes: int) -> bytes | bytearray:
-    """What ``stream.receive_some(max_bytes)`` returns (b"": the peer closed), with its errors.
+    """What ``stream.receive_some(max_bytes)`` returns (b"": the peer closed), with its errors
+    and its checkpoints: cancelled before anything is read, and a schedule point after.
 
     One reader at a time, as with trio's: a connection has one task reading.
     """
     if not isinstance(stream, trio.SocketStream):
         return await stream.receive_some(max_bytes)
+    await trio.lowlevel.checkpoint_if_cancelled()
+    fd = stream.socket.fileno()
+    try:
+        data = os.read(fd, max_bytes)
+    except BlockingIOError:
+        pass  # nothing yet, the common case: wait below
+    except OSError as exc:
+        raise _stream_error(stream, exc) from exc
+    else:
+        await trio.lowlevel.cancel_shielded_checkpoint()  # a host that floods still lets others run
+        return data
     while True:
-        fd = stream.socket.fileno()
-        if fd < 0:
-            raise trio.ClosedResourceError("the socket was closed")
-        await trio.lowlevel.wait_readable(fd)  # a checkpoint; closing the socket ends the wait
+        await trio.lowlevel.wait_readable(fd)  # closing the socket ends the wait
         try:
             return os.read(fd, max_bytes)
         except BlockingIOError:
             continue  # woken with nothing to read
-        except OSError as exc:  # reset by the peer
-            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+        except OSError as exc:
+            raise _stream_error(stream, exc) from exc
+
+
+def _stream_error(stream: trio.SocketStream, error: OSError) -> trio.BrokenResourceError | trio.ClosedResourceError:
+    """trio's error for a failed read: the socket was closed (by us), or the connection broke."""
+    if stream.socket.fileno() < 0:
+        return trio.ClosedResourceError("the socket was closed")
+    return trio.BrokenResourceError(f"socket connection broken: {error}")
 
 
 def nothing_unread(stream: trio.SocketStream) -> bool:
