@@ -79,8 +79,8 @@ def wait_pool_settled(daemon_pid: int, limit_s: float = 20.0) -> tuple[float, in
     return time.perf_counter() - t0, count
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of ``root`` and every live descendant (daemon, zygote, workers)."""
+def tree_members(root: int) -> list[int]:
+    """``root`` and every live descendant (daemon, zygote, workers), root first."""
     parents: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -94,11 +94,26 @@ def tree_rss_bytes(root: int) -> int:
         kids = [pid for pid, ppid in parents.items() if ppid == parent]
         members += kids
         frontier += kids
-    total = 0
-    for pid in members:
-        try:
-            with open(f"/proc/{pid}/statm") as statm:
-                total += int(statm.read().split()[1]) * PAGE_BYTES
-        except OSError:
-            continue
-    return total
+    return members
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid``; 0 once it has gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * PAGE_BYTES
+    except OSError:
+        return 0
+
+
+def cpu_ticks(pid: int) -> int:
+    """CPU ticks ``pid`` has used itself (user and system); 0 once it has gone."""
+    try:
+        return _proc_times(pid)[1]
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of ``root`` and every live descendant (daemon, zygote, workers)."""
+    return sum(rss_bytes(pid) for pid in tree_members(root))
