@@ -132,7 +132,9 @@ def main() -> None:
     args = parser.parse_args()
     ours, theirs = socket.socketpair()
     command = [sys.executable, "-m", "execbox_runner.worker.loop", str(theirs.fileno()), "--no-sandbox"]
-    worker = subprocess.Popen([*command, "--threads", str(args.threads)], pass_fds=[theirs.fileno()])
+    # One malloc arena, as the daemon's pool starts its zygote (and so every worker).
+    environment = {**os.environ, "MALLOC_ARENA_MAX": "1"}
+    worker = subprocess.Popen([*command, "--threads", str(args.threads)], pass_fds=[theirs.fileno()], env=environment)
     theirs.close()
     channel = Channel(ours)
     try:
