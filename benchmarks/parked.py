@@ -119,6 +119,8 @@ def measure(url: str, mode: str, n: int, delay: float, opening: int, root: int |
     print(
         f"  CPU of the client ({mode}, own process): {client_cpu:.2f} s ({client_cpu / per * 1000:.2f} ms per execution)"
     )
+    if seen.timeline:
+        print_timeline(seen.timeline, root, seen.client_pid)
     if root:
         cpu = seen.daemon_cpu + seen.descendants_cpu
         print(f"  daemon tree: idle RSS {idle / 2**20:.0f} MiB, peak RSS {seen.peak_rss / 2**20:.0f} MiB")
@@ -130,8 +132,6 @@ def measure(url: str, mode: str, n: int, delay: float, opening: int, root: int |
         print(
             f"  of which the daemon process: {seen.daemon_cpu:.2f} s ({seen.daemon_cpu / per * 1000:.2f} ms per execution)"
         )
-        if seen.timeline:
-            print_timeline(seen.timeline, root, seen.client_pid)
         # Anything else on the box competes for the same cores: figures compare only when this is low.
         other = max(0.0, seen.machine_busy - cpu - client_cpu - seen.sampler_cpu)
         cpus = os.cpu_count() or 1

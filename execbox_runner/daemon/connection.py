@@ -383,7 +383,7 @@ class Connection:
             try:
                 lease = self.lease = await self.pool.acquire(self.tenant)
                 await lease.send(self._left_of(run))
-                del run  # nor its code: a parked execution's wait keeps what it needs only
+                del run  # the relay waits as long as the execution is parked: it keeps no more than it needs
                 while self.lease is lease:  # until the session lets the slot go
                     await self._relay(lease, await lease.receive())
             except WorkerLost as exc:
