@@ -33,7 +33,15 @@ from typing import Any, Final
 from benchkit.parked_client import MODES
 from benchkit.parking import RUN_S, raise_nofile_limit
 from benchkit.processes import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, Lines, popen_module, start_daemon
-from benchkit.procfs import CLK_TCK, cpu_ticks, machine_busy_ticks, rss_bytes, tree_cpu_seconds, tree_members
+from benchkit.procfs import (
+    CLK_TCK,
+    cpu_ticks,
+    machine_busy_ticks,
+    rss_bytes,
+    tree_cpu_seconds,
+    tree_rss_bytes,
+    tree_ticks,
+)
 
 SAMPLE_S: Final = 0.1  # RSS sampling period
 
@@ -72,13 +80,12 @@ def run_client(
         process.stdin.flush()
         deadline = t0 + delay + RUN_S + STOP_TIMEOUT_S  # the client bounds itself to delay + RUN_S
         while (line := lines.get(SAMPLE_S)) is None:
-            members = tree_members(root) if root else []
+            tree = tree_ticks(root) if root else {}
             if root:
-                seen.peak_rss = max(seen.peak_rss, sum(rss_bytes(pid) for pid in members))
+                seen.peak_rss = max(seen.peak_rss, sum(rss_bytes(pid) for pid in tree))
                 seen.daemon_peak_rss = max(seen.daemon_peak_rss, rss_bytes(root))
             if timeline:
-                ticks = {pid: cpu_ticks(pid) for pid in [*members, process.pid]}
-                seen.timeline.append((time.monotonic() - t0, ticks))
+                seen.timeline.append((time.monotonic() - t0, {**tree, process.pid: cpu_ticks(process.pid)}))
             if time.monotonic() > deadline:
                 raise RuntimeError("parked client overran its time limit")
         if not line:
@@ -101,7 +108,7 @@ def run_client(
 
 def measure(url: str, mode: str, n: int, delay: float, opening: int, root: int | None, timeline: bool) -> None:
     """One run of ``n`` parked executions; its figures on stdout."""
-    idle = sum(rss_bytes(pid) for pid in tree_members(root)) if root else 0
+    idle = tree_rss_bytes(root) if root else 0
     daemon_idle = rss_bytes(root) if root else 0
     result, seen = run_client(url, mode, n, delay, opening, root, timeline)
     parked, finished = result["parked_s"], result["finished_s"]

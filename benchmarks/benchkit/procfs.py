@@ -23,6 +23,30 @@ def _proc_times(pid: int) -> tuple[int, int, int]:
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
 
 
+def _process_table() -> dict[int, tuple[int, int, int]]:
+    """``_proc_times`` of every process on the box, by PID (one scan of /proc)."""
+    table: dict[int, tuple[int, int, int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                table[int(name)] = _proc_times(int(name))
+            except (OSError, ValueError, IndexError):
+                continue  # exited meanwhile
+    return table
+
+
+def _descendants(table: dict[int, tuple[int, int, int]], root: int) -> list[int]:
+    """The live descendants of ``root`` in ``table`` (children, grandchildren, ...)."""
+    descendants: list[int] = []
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        kids = [pid for pid, (ppid, _, _) in table.items() if ppid == parent]
+        descendants += kids
+        frontier += kids
+    return descendants
+
+
 def tree_cpu_seconds(root: int) -> tuple[float, float, int]:
     """(CPU seconds of ``root`` itself, of all its descendants live or reaped, live descendants).
 
@@ -34,26 +58,20 @@ def tree_cpu_seconds(root: int) -> tuple[float, float, int]:
     while the reaped counters move.
     """
     for _ in range(10):
-        table: dict[int, tuple[int, int, int]] = {}
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    table[int(name)] = _proc_times(int(name))
-                except (OSError, ValueError, IndexError):
-                    continue  # exited meanwhile
-        descendants: list[int] = []
-        frontier = [root]
-        while frontier:
-            parent = frontier.pop()
-            kids = [pid for pid, (ppid, _, _) in table.items() if ppid == parent]
-            descendants += kids
-            frontier += kids
+        table = _process_table()
+        descendants = _descendants(table, root)
         reaped = sum(table[pid][2] for pid in [root, *descendants] if pid in table)
         live = sum(table[pid][1] for pid in descendants)
         if sum(_proc_times(pid)[2] for pid in [root, *descendants] if os.path.exists(f"/proc/{pid}")) == reaped:
             break
     own = table[root][1] if root in table else 0
     return own / CLK_TCK, (reaped + live) / CLK_TCK, len(descendants)
+
+
+def tree_ticks(root: int) -> dict[int, int]:
+    """The CPU ticks each process of the tree has used itself, by PID, ``root`` first (one scan)."""
+    table = _process_table()
+    return {pid: table[pid][1] for pid in [root, *_descendants(table, root)] if pid in table}
 
 
 def machine_busy_ticks() -> tuple[int, int]:
@@ -79,24 +97,6 @@ def wait_pool_settled(daemon_pid: int, limit_s: float = 20.0) -> tuple[float, in
     return time.perf_counter() - t0, count
 
 
-def tree_members(root: int) -> list[int]:
-    """``root`` and every live descendant (daemon, zygote, workers), root first."""
-    parents: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                parents[int(name)] = _proc_times(int(name))[0]
-            except (OSError, ValueError, IndexError):
-                continue
-    members, frontier = [root], [root]
-    while frontier:
-        parent = frontier.pop()
-        kids = [pid for pid, ppid in parents.items() if ppid == parent]
-        members += kids
-        frontier += kids
-    return members
-
-
 def rss_bytes(pid: int) -> int:
     """Resident memory of ``pid``; 0 once it has gone."""
     try:
@@ -116,4 +116,4 @@ def cpu_ticks(pid: int) -> int:
 
 def tree_rss_bytes(root: int) -> int:
     """Resident memory of ``root`` and every live descendant (daemon, zygote, workers)."""
-    return sum(rss_bytes(pid) for pid in tree_members(root))
+    return sum(rss_bytes(pid) for pid in tree_ticks(root))
