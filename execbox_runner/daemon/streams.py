@@ -30,23 +30,19 @@ async def await_data(stream: trio.abc.Stream, max_bytes: int) -> bytes | bytearr
         return await stream.receive_some(max_bytes)
     await trio.lowlevel.checkpoint_if_cancelled()
     fd = stream.socket.fileno()
-    try:
-        data = os.read(fd, max_bytes)
-    except BlockingIOError:
-        pass  # nothing yet, the common case: wait below
-    except OSError as exc:
-        raise _stream_error(stream, exc) from exc
-    else:
-        await trio.lowlevel.cancel_shielded_checkpoint()  # a host that floods still lets others run
-        return data
+    waited = False
     while True:
-        await trio.lowlevel.wait_readable(fd)  # closing the socket ends the wait
         try:
-            return os.read(fd, max_bytes)
-        except BlockingIOError:
-            continue  # woken with nothing to read
+            data = os.read(fd, max_bytes)
+        except BlockingIOError:  # nothing yet, the common case (or woken for nothing)
+            await trio.lowlevel.wait_readable(fd)  # closing the socket ends the wait
+            waited = True
+            continue
         except OSError as exc:
             raise _stream_error(stream, exc) from exc
+        if not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()  # a host that floods still lets others run
+        return data
 
 
 def _stream_error(stream: trio.SocketStream, error: OSError) -> trio.BrokenResourceError | trio.ClosedResourceError:
