@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from execbox_runner.daemon.streams import await_data
+from execbox_runner.daemon.streams import await_data, close
 
 
 async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -121,3 +121,70 @@ async def test_a_read_of_waiting_bytes_is_still_a_checkpoint() -> None:
         await trio.sleep(0.05)  # arrived: the read takes it at once
         with trio.testing.assert_checkpoints():
             assert await await_data(server, 10) == b"x" * 10
+
+
+class _Yields(trio.abc.Instrument):
+    """Counts the times a task gives the scheduler back its turn: its schedule points."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.count = 0
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+async def test_a_first_read_of_waiting_bytes_is_no_schedule_point() -> None:
+    """A new connection's first read (``just_scheduled``): the handshake request is there, and the
+    task goes on to answer it in the same step, without a pass through the scheduler."""
+    server, client = await tcp_pair()
+    async with server, client:
+        await client.send_all(b"GET / HTTP/1.1")
+        with trio.fail_after(5):
+            await trio.lowlevel.wait_readable(server.socket)  # arrived (loopback may defer it under load)
+        yields = _Yields(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(yields)
+        try:
+            assert await await_data(server, 65536, just_scheduled=True) == b"GET / HTTP/1.1"
+        finally:
+            trio.lowlevel.remove_instrument(yields)
+        assert yields.count == 0
+
+
+async def test_a_first_read_is_still_a_cancel_point_and_still_waits() -> None:
+    server, client = await tcp_pair()
+    async with server, client, trio.open_nursery() as nursery:
+        await client.send_all(b"pending")
+        with trio.fail_after(5):
+            await trio.lowlevel.wait_readable(server.socket)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await await_data(server, 65536, just_scheduled=True)
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            assert await await_data(server, 65536, just_scheduled=True) == b"pending"
+
+        async def later() -> None:
+            await trio.sleep(0.05)
+            await client.send_all(b" more")
+
+        nursery.start_soon(later)
+        with trio.fail_after(5):
+            assert await await_data(server, 65536, just_scheduled=True) == b" more"  # waited for
+
+
+async def test_close_ends_a_plain_socket_at_once_and_the_peer_sees_its_end() -> None:
+    server, client = await tcp_pair()
+    async with client:
+        await close(server)
+        assert server.socket.fileno() == -1  # closed within the call, not at a later step
+        with trio.fail_after(5):
+            assert await client.receive_some(100) == b""
+
+
+async def test_close_closes_other_streams_their_own_way() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    await close(right)
+    with pytest.raises(trio.BrokenResourceError):
+        await left.send_all(b"gone")

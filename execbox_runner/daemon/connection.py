@@ -43,7 +43,7 @@ from .config import Settings
 from .endpoints import DaemonState
 from .pool import Lease, WorkerLost, WorkerPool
 from .records import Recorder
-from .streams import await_data, nothing_unread, write_whole
+from .streams import await_data, close, nothing_unread, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Connection:
             with trio.CancelScope(shield=True):
                 self._perform_sync(self.session.transport_closed(trio.current_time()))
                 await self._linger()
-                await self.stream.aclose()
+                await close(self.stream)
                 if self.recorder is not None:
                     await self.recorder.close()
 
@@ -146,7 +146,7 @@ class Connection:
 
         A plain upgrade request that arrives whole takes the fast path (``handshake``); any
         other request is websockets' to parse and answer."""
-        data = await self.stream.receive_some(RECEIVE_BYTES)
+        data = await await_data(self.stream, RECEIVE_BYTES, just_scheduled=True)
         if not data:
             return None
         upgrade = handshake.parse_upgrade(data)

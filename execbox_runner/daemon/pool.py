@@ -718,8 +718,8 @@ class WorkerPool:
             worker.idle_since = trio.current_time()
             if worker.retiring:
                 worker.kill(worker.retiring)
+            self._wake_spawner.set()  # an idle tenant's worker is retired in time
         self._room.unpark_all()
-        self._wake_spawner.set()
 
     def _retire(self, worker: Worker, reason: StopReason) -> None:
         worker.retiring = worker.retiring or reason

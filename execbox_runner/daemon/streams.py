@@ -20,9 +20,13 @@ import os
 import trio
 
 
-async def await_data(stream: trio.abc.Stream, max_bytes: int) -> bytes | bytearray:
+async def await_data(stream: trio.abc.Stream, max_bytes: int, *, just_scheduled: bool = False) -> bytes | bytearray:
     """What ``stream.receive_some(max_bytes)`` returns (b"": the peer closed), with its errors
     and its checkpoints: cancelled before anything is read, and a schedule point after.
+
+    ``just_scheduled``: the calling task has only begun its step (a new connection's first
+    read), so bytes already there are returned without the schedule point, which would
+    only cost a pass through the scheduler: letting others run is for a loop of reads.
 
     One reader at a time, as with trio's: a connection has one task reading.
     """
@@ -40,7 +44,7 @@ async def await_data(stream: trio.abc.Stream, max_bytes: int) -> bytes | bytearr
             continue
         except OSError as exc:
             raise _stream_error(stream, exc) from exc
-        if not waited:
+        if not waited and not just_scheduled:
             await trio.lowlevel.cancel_shielded_checkpoint()  # a host that floods still lets others run
         return data
 
@@ -50,6 +54,15 @@ def _stream_error(stream: trio.SocketStream, error: OSError) -> trio.BrokenResou
     if stream.socket.fileno() < 0:
         return trio.ClosedResourceError("the socket was closed")
     return trio.BrokenResourceError(f"socket connection broken: {error}")
+
+
+async def close(stream: trio.abc.Stream) -> None:
+    """Close ``stream`` as its task ends: a plain socket at once, without the checkpoint of
+    trio's ``aclose`` (a pass through the scheduler that buys the ending task nothing)."""
+    if isinstance(stream, trio.SocketStream):
+        stream.socket.close()
+    else:
+        await stream.aclose()
 
 
 def nothing_unread(stream: trio.SocketStream) -> bool:
