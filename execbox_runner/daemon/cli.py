@@ -23,8 +23,9 @@ from .. import __version__
 from ..client.cli import add_exec_parser, run_exec
 from ..mcp.cli import add_mcp_parser, run_mcp
 from . import config, logs, supervisor
+from .listeners import CannotListen
 from .machine import default_processes, usable_cores
-from .server import UNSAFE_SETTINGS, CannotListen, ConfigurationError, Daemon, host_report, url
+from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report, url
 
 log = logging.getLogger("execbox_runner")
 EXIT_OK: Final = 0

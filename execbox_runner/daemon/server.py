@@ -42,6 +42,7 @@ from . import endpoints
 from .config import Settings, read_tokens
 from .connection import Connection
 from .endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
+from .listeners import BURST, Listener, listen
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
@@ -55,7 +56,6 @@ STANDARD_CPU_LIFETIME_S = 24 * 3600
 # What a worker gets to finish an execution it was told to abort before it is killed (with its
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
-LISTEN_BACKLOG = 4096
 RECEIVE_BYTES: Final = 65536
 # accept() errors that mean "no descriptor (or memory) for another connection now".
 OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -114,37 +114,6 @@ def host_report(settings: Settings) -> dict[str, object]:
         "memory_bytes": memory_bytes(),
         "memory_budget_bytes": memory_budget(settings),
     }
-
-
-class CannotListen(OSError):
-    """An address the daemon cannot listen on (the port is taken, the address is not this
-    host's); ``address`` says which of its listening addresses."""
-
-    def __init__(self, address: str, error: OSError) -> None:
-        super().__init__(error.errno, error.strerror)
-        self.address = address
-
-
-async def listen(host: str, port: int, *, reuse_port: bool) -> list[trio.SocketListener]:
-    """TCP listeners on every address of ``host``; with ``reuse_port`` the port is shared with
-    the other shards (the kernel spreads connections), otherwise a taken port is an error."""
-    listeners = []
-    for family, kind, proto, _, address in await trio.socket.getaddrinfo(host, port, type=trio.socket.SOCK_STREAM):
-        sock = trio.socket.socket(family, kind, proto)
-        sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEPORT, 1)
-        if family == trio.socket.AF_INET6:
-            sock.setsockopt(trio.socket.IPPROTO_IPV6, trio.socket.IPV6_V6ONLY, 1)
-        sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
-        try:
-            await sock.bind(address)
-        except OSError as exc:
-            sock.close()
-            raise CannotListen(f"{host}:{port}", exc) from exc
-        sock.listen(LISTEN_BACKLOG)
-        listeners.append(trio.SocketListener(sock))
-    return listeners
 
 
 def memory_budget(settings: Settings) -> int:
@@ -269,11 +238,6 @@ async def read_request(stream: trio.abc.Stream, parser: ServerProtocol) -> Reque
 
 def url(scheme: str, host: str, port: int, path: str = "/") -> str:
     return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}{path}"
-
-
-def address(listener: trio.SocketListener) -> tuple[str, int]:
-    host, port = listener.socket.getsockname()[:2]
-    return host, port
 
 
 def size(count: int) -> str:
@@ -401,7 +365,7 @@ class Daemon:
                 if self.settings.metrics_port
                 else []
             )
-            host, port = address(listeners[0])
+            host, port = listeners[0].address
             self._announce(listeners, scrapers)
             nursery.start_soon(self._sample_memory)
             nursery.start_soon(self._summarize_refusals)
@@ -413,13 +377,13 @@ class Daemon:
             for listener in scrapers:
                 nursery.start_soon(self._accept, listener, nursery, self._serve_scrape)
 
-    def _announce(self, listeners: list[trio.SocketListener], scrapers: list[trio.SocketListener]) -> None:
+    def _announce(self, listeners: list[Listener], scrapers: list[Listener]) -> None:
         """The start-up line: where this daemon process serves, within which limits and with
         which protections (with ``--processes``, one line per shard, each with its own share)."""
         settings, state = self.settings, self.state
         secure = self.tls is not None
-        sessions = [url("wss" if secure else "ws", *address(listener)) for listener in listeners]
-        metrics = [url("https" if secure else "http", *address(listener), "/metrics") for listener in scrapers]
+        sessions = [url("wss" if secure else "ws", *listener.address) for listener in listeners]
+        metrics = [url("https" if secure else "http", *listener.address, "/metrics") for listener in scrapers]
         timeouts = {
             "execution": settings.max_timeout_ms / 1000,
             "idle": settings.idle_timeout,
@@ -476,26 +440,36 @@ class Daemon:
 
     async def _accept(
         self,
-        listener: trio.SocketListener,
+        listener: Listener,
         nursery: trio.Nursery,
-        serve: Callable[[trio.SocketStream], Awaitable[None]],
+        serve: Callable[[trio.SocketStream, str], Awaitable[None]],
     ) -> None:
-        """Accept connections for ever and ``serve`` each. Out of descriptors, shed the oldest
-        handshake and accept again at once, rather than leave the queue (and the hosts in it)
-        waiting. A scrape counts as a handshake until its request is in: a flood on the metrics
-        port sheds its own members too."""
-        while True:
-            try:
-                tcp = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in OUT_OF_DESCRIPTORS:
-                    raise
-                if not self.handshakes.shed():
-                    log.warning("cannot accept a connection: %s", exc.strerror)
-                    await trio.sleep(ACCEPT_RETRY_S)
-                continue
-            self.handshakes.add(tcp)
-            nursery.start_soon(self._handle, tcp, serve)
+        """Accept connections for ever and ``serve`` each (with its peer's address), a burst in
+        one step. Out of descriptors, shed the oldest handshake and accept again at once, rather
+        than leave the queue (and the hosts in it) waiting. A scrape counts as a handshake until
+        its request is in: a flood on the metrics port sheds its own members too."""
+        try:
+            while True:
+                for _ in range(BURST):
+                    try:
+                        accepted = listener.accept_now()
+                    except OSError as exc:
+                        if exc.errno not in OUT_OF_DESCRIPTORS:
+                            raise
+                        if not self.handshakes.shed():
+                            log.warning("cannot accept a connection: %s", exc.strerror)
+                            await trio.sleep(ACCEPT_RETRY_S)
+                        continue
+                    if accepted is None:
+                        await listener.wait()
+                        break
+                    tcp, peer = accepted
+                    self.handshakes.add(tcp)
+                    nursery.start_soon(self._handle, tcp, peer, serve)
+                else:
+                    await trio.lowlevel.checkpoint()  # a burst longer than BURST: the sessions run between
+        finally:
+            listener.close()
 
     async def _sample_memory(self) -> None:
         """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission, and
@@ -535,9 +509,11 @@ class Daemon:
             self.state.metrics.publish()
             await trio.sleep(LIVE_STATE_INTERVAL_S)
 
-    async def _handle(self, tcp: trio.SocketStream, serve: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
+    async def _handle(
+        self, tcp: trio.SocketStream, peer: str, serve: Callable[[trio.SocketStream, str], Awaitable[None]]
+    ) -> None:
         try:
-            await serve(tcp)
+            await serve(tcp, peer)
         finally:
             self.handshakes.finished(tcp)
 
@@ -557,7 +533,7 @@ class Daemon:
             return None
         return stream
 
-    async def _serve_scrape(self, tcp: trio.SocketStream) -> None:
+    async def _serve_scrape(self, tcp: trio.SocketStream, _peer: str) -> None:
         """One request on the metrics port: read within the handshake timeout, answered within
         the send timeout, then closed. Never a session."""
         stream = await self._secured(tcp)
@@ -581,7 +557,7 @@ class Daemon:
             with trio.move_on_after(self.settings.close_timeout, shield=True):
                 await stream.aclose()
 
-    async def _serve_connection(self, tcp: trio.SocketStream) -> None:
+    async def _serve_connection(self, tcp: trio.SocketStream, peer: str) -> None:
         stream = await self._secured(tcp)
         if stream is None:
             return
@@ -591,7 +567,7 @@ class Daemon:
             self.settings,
             self.state,
             lambda: self.handshakes.finished(tcp),
-            peer_of(tcp),
+            peer,
             self.record_dir,
         )
         self.connections.add(connection)
