@@ -3,13 +3,17 @@ request has arrived but not been read yet (a burst: found with 10,000 parked exe
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 import trio
 
 from execbox_runner.daemon.endpoints import Refusals
 from execbox_runner.daemon.server import Handshakes
 
 
-async def test_a_connection_whose_bytes_arrived_is_not_shed_a_silent_one_is() -> None:
+async def test_a_connection_whose_bytes_arrived_is_not_shed_a_silent_one_is(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     port = listener.socket.getsockname()[1]
     clients, accepted = [], []
@@ -20,10 +24,12 @@ async def test_a_connection_whose_bytes_arrived_is_not_shed_a_silent_one_is() ->
     await trio.sleep(0.05)  # bounded: loopback delivers at once
     refusals = Refusals()
     bound = Handshakes(2, refusals)
-    bound.add(accepted[0])
-    bound.add(accepted[1])
-    bound.add(accepted[2])  # over the bound: the oldest *silent* one goes
+    peers = [f"127.0.0.1:{client.socket.getsockname()[1]}" for client in clients]
+    for tcp, peer in zip(accepted, peers, strict=True):
+        bound.add(tcp, peer)  # the third is over the bound: the oldest *silent* one goes
     assert refusals.counts["shed"] == 1
+    shed_lines = [record for record in caplog.records if getattr(record, "refusal", None) == "shed"]
+    assert [record.peer for record in shed_lines] == [peers[1]]  # type: ignore[attr-defined]
     assert accepted[1].socket.fileno() == -1  # shed
     assert accepted[0].socket.fileno() >= 0 and accepted[2].socket.fileno() >= 0
     assert await accepted[0].receive_some(100) == b"GET / HTTP/1.1\r\n"  # peeked, not consumed

@@ -172,12 +172,12 @@ class Handshakes:
     def __init__(self, limit: int, refusals: Refusals) -> None:
         self._limit = limit
         self._refusals = refusals  # the daemon's refused handshakes: counted and logged
-        self._waiting: dict[trio.SocketStream, None] = {}  # insertion order: oldest first
+        self._waiting: dict[trio.SocketStream, str] = {}  # each one's peer; insertion order: oldest first
 
-    def add(self, tcp: trio.SocketStream) -> None:
+    def add(self, tcp: trio.SocketStream, peer: str) -> None:
         if len(self._waiting) >= self._limit:
             self.shed()
-        self._waiting[tcp] = None
+        self._waiting[tcp] = peer
 
     def finished(self, tcp: trio.SocketStream) -> None:
         self._waiting.pop(tcp, None)
@@ -187,10 +187,10 @@ class Handshakes:
         there is none. Each connection is looked at once: one that has sent bytes leaves the bound."""
         while self._waiting:
             tcp = next(iter(self._waiting))
-            del self._waiting[tcp]
+            peer = self._waiting.pop(tcp)
             if has_sent(tcp):
                 continue
-            self._refusals.refuse("shed", peer_of(tcp))
+            self._refusals.refuse("shed", peer)
             # Closed now, not by its task: the descriptor is free for the next accept at once,
             # and the task waiting on it sees ClosedResourceError.
             tcp.socket.close()
@@ -211,15 +211,6 @@ def has_sent(tcp: trio.SocketStream) -> bool:
         return False
     finally:
         peek.detach()
-
-
-def peer_of(tcp: trio.SocketStream) -> str:
-    """``host:port`` of the connection's peer; empty if it is already gone."""
-    try:
-        host, port = tcp.socket.getpeername()[:2]
-    except OSError:
-        return ""
-    return f"{host}:{port}"
 
 
 async def read_request(stream: trio.abc.Stream, parser: ServerProtocol) -> Request | None:
@@ -464,7 +455,7 @@ class Daemon:
                         await listener.wait()
                         break
                     tcp, peer = accepted
-                    self.handshakes.add(tcp)
+                    self.handshakes.add(tcp, peer)
                     nursery.start_soon(self._handle, tcp, peer, serve)
                 else:
                     await trio.lowlevel.checkpoint()  # a burst longer than BURST: the sessions run between
