@@ -136,7 +136,7 @@ class Connection:
         with trio.move_on_after(self.settings.close_timeout):
             try:
                 await self.stream.send_eof()
-                while await self.stream.receive_some(RECEIVE_BYTES):
+                while await await_data(self.stream, RECEIVE_BYTES):
                     pass
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
@@ -162,7 +162,7 @@ class Connection:
             if self.ws.close_expected():  # malformed handshake: websockets answered 400
                 await self._flush()
                 return None
-            data = await self.stream.receive_some(RECEIVE_BYTES)
+            data = await await_data(self.stream, RECEIVE_BYTES)
             if not data:
                 return None
 
