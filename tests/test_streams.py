@@ -24,6 +24,13 @@ async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
     return server, client
 
 
+async def arrived(stream: trio.SocketStream) -> None:
+    """Until the peer's bytes can be read: loopback may defer them on a loaded machine, so a
+    fixed sleep does not promise they are there."""
+    with trio.fail_after(5):
+        await trio.lowlevel.wait_readable(stream.socket)
+
+
 async def test_it_returns_what_arrives_while_it_waits() -> None:
     server, client = await tcp_pair()
     async with server, client, trio.open_nursery() as nursery:
@@ -104,7 +111,7 @@ async def test_a_cancelled_read_takes_nothing_even_when_bytes_wait() -> None:
     server, client = await tcp_pair()
     async with server, client:
         await client.send_all(b"pending")
-        await trio.sleep(0.05)  # arrived
+        await arrived(server)
         with trio.CancelScope() as scope:
             scope.cancel()
             await await_data(server, 65536)
@@ -118,7 +125,7 @@ async def test_a_read_of_waiting_bytes_is_still_a_checkpoint() -> None:
     server, client = await tcp_pair()
     async with server, client:
         await client.send_all(b"x" * 100)
-        await trio.sleep(0.05)  # arrived: the read takes it at once
+        await arrived(server)  # the read takes it at once
         with trio.testing.assert_checkpoints():
             assert await await_data(server, 10) == b"x" * 10
 
@@ -141,8 +148,7 @@ async def test_a_first_read_of_waiting_bytes_is_no_schedule_point() -> None:
     server, client = await tcp_pair()
     async with server, client:
         await client.send_all(b"GET / HTTP/1.1")
-        with trio.fail_after(5):
-            await trio.lowlevel.wait_readable(server.socket)  # arrived (loopback may defer it under load)
+        await arrived(server)
         yields = _Yields(trio.lowlevel.current_task())
         trio.lowlevel.add_instrument(yields)
         try:
@@ -156,8 +162,7 @@ async def test_a_first_read_is_still_a_cancel_point_and_still_waits() -> None:
     server, client = await tcp_pair()
     async with server, client, trio.open_nursery() as nursery:
         await client.send_all(b"pending")
-        with trio.fail_after(5):
-            await trio.lowlevel.wait_readable(server.socket)
+        await arrived(server)
         with trio.CancelScope() as scope:
             scope.cancel()
             await await_data(server, 65536, just_scheduled=True)
