@@ -152,7 +152,9 @@ class Unframer:
         end = HEADER.size + length
         if len(buffer) < end:
             return None
-        body = bytes(buffer[HEADER.size : end])
+        # One copy of the body, not a slice and then a copy of it (a large frame's peak halves):
+        # the view is gone once copied, so the buffer can shrink.
+        body = bytes(memoryview(buffer)[HEADER.size : end])
         del buffer[:end]
         return body
 
