@@ -47,6 +47,7 @@ def context_us() -> float:
 
 
 def line(label: str, result: dict[str, Any]) -> str:
+    """One measurement's figures: rate, failures, CPU per execution of each side, how busy the machine was."""
     failures = f", {result['failures']} failures" if result["failures"] else ""
     return (
         f"  {label:7s} {result['executions_per_s']:7.1f} exec/s{failures}; CPU per execution: server "
