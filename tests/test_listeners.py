@@ -7,20 +7,38 @@ import contextlib
 import json
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import trio
 
-from execbox_runner.daemon.listeners import listen
+from execbox_runner.daemon.listeners import BURST, Listener, accept_forever, listen
 
 from .daemonkit import client, run_to_done, running_daemon
 
 WAIT_S = 10.0
 
 
-async def test_a_burst_is_accepted_at_once_each_with_its_peer() -> None:
+@contextlib.asynccontextmanager
+async def connected(count: int) -> AsyncIterator[tuple[Listener, list[socket.socket]]]:
+    """A listener on 127.0.0.1 with ``count`` clients connected to it (queued, not yet accepted)."""
     [listener] = await listen("127.0.0.1", 0, reuse_port=False)
-    clients = [socket.create_connection(listener.address) for _ in range(20)]
+    clients: list[socket.socket] = []
     try:
+        clients += [socket.create_connection(listener.address) for _ in range(count)]
+        yield listener, clients
+    finally:
+        for sock in clients:
+            sock.close()
+        listener.close()
+
+
+def peers_of(clients: list[socket.socket]) -> set[str]:
+    """The ``host:port`` each client connected from, as the listener reports its peer."""
+    return {f"127.0.0.1:{sock.getsockname()[1]}" for sock in clients}
+
+
+async def test_a_burst_is_accepted_at_once_each_with_its_peer() -> None:
+    async with connected(20) as (listener, clients):
         accepted: list[tuple[trio.SocketStream, str]] = []
         with trio.fail_after(WAIT_S):
             while len(accepted) < len(clients):
@@ -30,8 +48,7 @@ async def test_a_burst_is_accepted_at_once_each_with_its_peer() -> None:
                 else:
                     accepted.append(got)
         assert listener.accept_now() is None  # the queue is empty
-        peers = {f"127.0.0.1:{sock.getsockname()[1]}" for sock in clients}
-        assert {peer for _, peer in accepted} == peers
+        assert {peer for _, peer in accepted} == peers_of(clients)
         # Each one is a working stream to its own client.
         for tcp, peer in accepted:
             await tcp.send_all(peer.encode())
@@ -40,10 +57,6 @@ async def test_a_burst_is_accepted_at_once_each_with_its_peer() -> None:
             assert sock.recv(100) == f"127.0.0.1:{sock.getsockname()[1]}".encode()
         for tcp, _ in accepted:
             await tcp.aclose()
-    finally:
-        for sock in clients:
-            sock.close()
-        listener.close()
 
 
 async def test_wait_returns_once_a_connection_arrives() -> None:
@@ -65,6 +78,26 @@ async def test_wait_returns_once_a_connection_arrives() -> None:
             await got[0].aclose()
     finally:
         listener.close()
+
+
+async def test_accept_forever_takes_bursts_longer_than_one_step_each_with_its_peer() -> None:
+    taken: list[tuple[trio.SocketStream, str]] = []
+
+    async def no_descriptors_expected(error: OSError) -> None:
+        raise AssertionError(f"out of descriptors: {error}")
+
+    async with connected(3 * BURST) as (listener, clients):
+        with trio.move_on_after(WAIT_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    accept_forever, listener, lambda tcp, peer: taken.append((tcp, peer)), no_descriptors_expected
+                )
+                while len(taken) < len(clients):
+                    await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+        assert {peer for _, peer in taken} == peers_of(clients)
+        for tcp, _ in taken:
+            await tcp.aclose()
 
 
 def test_the_daemon_logs_each_execution_with_its_peer() -> None:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, NoReturn
 
 import trio
 
 BACKLOG: Final = 4096
 # Connections accepted in one step at most: a flood of connections still lets the sessions run.
 BURST: Final = 16
+# accept() errors that mean "no descriptor (or memory) for another connection now".
+OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # accept() errors that concern only the connection being accepted (reset while queued, refused by
 # a firewall; Linux passes a new socket's pending network error to accept): the next one is
 # accepted at once, as trio's SocketListener does.
@@ -107,3 +110,30 @@ async def listen(host: str, port: int, *, reuse_port: bool) -> list[Listener]:
         sock.listen(BACKLOG)
         listeners.append(Listener(sock))
     return listeners
+
+
+async def accept_forever(
+    listener: Listener,
+    take: Callable[[trio.SocketStream, str], None],
+    out_of_descriptors: Callable[[OSError], Awaitable[None]],
+) -> NoReturn:
+    """Hand every connection to ``take`` with its peer's address, at most ``BURST`` in one step.
+
+    Out of descriptors, ``out_of_descriptors`` is awaited before the next accept (free one, or
+    wait); any other error from ``accept_now`` ends the loop.
+    """
+    while True:
+        for _ in range(BURST):
+            try:
+                accepted = listener.accept_now()
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                await out_of_descriptors(exc)
+                continue
+            if accepted is None:
+                await listener.wait()
+                break
+            take(*accepted)
+        else:
+            await trio.lowlevel.checkpoint()  # a burst longer than BURST: the others run between

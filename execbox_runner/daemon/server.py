@@ -18,7 +18,6 @@ same TLS, bounds and shedding, and never a session.
 
 from __future__ import annotations
 
-import errno
 import importlib.metadata
 import ipaddress
 import logging
@@ -42,7 +41,7 @@ from . import endpoints
 from .config import Settings, read_tokens
 from .connection import Connection
 from .endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
-from .listeners import BURST, Listener, listen
+from .listeners import Listener, accept_forever, listen
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
@@ -57,8 +56,6 @@ STANDARD_CPU_LIFETIME_S = 24 * 3600
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
 RECEIVE_BYTES: Final = 65536
-# accept() errors that mean "no descriptor (or memory) for another connection now".
-OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_RETRY_S: Final = 0.1  # out of descriptors, none of them a handshake to shed: wait for a session to end
 # Connections still in their handshake: at most this many, and at most a quarter of the descriptors.
 MAX_HANDSHAKES: Final = 1024
@@ -439,28 +436,22 @@ class Daemon:
         one step. Out of descriptors, shed the oldest handshake and accept again at once, rather
         than leave the queue (and the hosts in it) waiting. A scrape counts as a handshake until
         its request is in: a flood on the metrics port sheds its own members too."""
+
+        def take(tcp: trio.SocketStream, peer: str) -> None:
+            self.handshakes.add(tcp, peer)
+            nursery.start_soon(self._handle, tcp, peer, serve)
+
         try:
-            while True:
-                for _ in range(BURST):
-                    try:
-                        accepted = listener.accept_now()
-                    except OSError as exc:
-                        if exc.errno not in OUT_OF_DESCRIPTORS:
-                            raise
-                        if not self.handshakes.shed():
-                            log.warning("cannot accept a connection: %s", exc.strerror)
-                            await trio.sleep(ACCEPT_RETRY_S)
-                        continue
-                    if accepted is None:
-                        await listener.wait()
-                        break
-                    tcp, peer = accepted
-                    self.handshakes.add(tcp, peer)
-                    nursery.start_soon(self._handle, tcp, peer, serve)
-                else:
-                    await trio.lowlevel.checkpoint()  # a burst longer than BURST: the sessions run between
+            await accept_forever(listener, take, self._out_of_descriptors)
         finally:
             listener.close()
+
+    async def _out_of_descriptors(self, error: OSError) -> None:
+        """Shed the oldest handshake, so that the next accept succeeds at once; with none to shed,
+        wait for a session to end."""
+        if not self.handshakes.shed():
+            log.warning("cannot accept a connection: %s", error.strerror)
+            await trio.sleep(ACCEPT_RETRY_S)
 
     async def _sample_memory(self) -> None:
         """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission, and
