@@ -1,5 +1,5 @@
-"""A lease's mailbox: the worker's messages for one execution reach its one receiving task in
-order, a lost worker is raised there, a cancelled wait loses nothing, and a flood is refused."""
+"""``Lease`` hands its worker's messages to its receiver at once, and ``Worker.send`` writes frames
+whole and in order whether or not the channel takes them at once (real socketpairs)."""
 
 from __future__ import annotations
 
@@ -7,74 +7,106 @@ import socket
 
 import pytest
 import trio
-import trio.testing
 
-from execbox_runner.daemon.pool import LEASE_BACKLOG, Lease, Worker, WorkerLost
+from execbox_runner.daemon import pool
+from execbox_runner.daemon.pool import LEASE_BACKLOG_BYTES, Lease, Worker, WorkerLost
 from execbox_runner.protocol import ipc
 
 
-def _lease() -> tuple[Lease, socket.socket]:
+class Receiver:
+    """What a connection would be told, recorded; ``backlog`` is what its host has not read."""
+
+    def __init__(self, backlog: int = 0) -> None:
+        self.backlog = backlog
+        self.messages: list[ipc.ToolCalls | ipc.Finished] = []
+        self.lost: list[str] = []
+
+    def worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None:
+        self.messages.append(message)
+
+    def worker_lost(self, lease: Lease, reason: WorkerLost) -> None:
+        self.lost.append(str(reason))
+
+
+def _worker() -> tuple[Worker, socket.socket]:
     ours, theirs = socket.socketpair()
-    worker = Worker(0, -1, trio.SocketStream(trio.socket.from_stdlib_socket(ours)), 1 << 20)
-    return Lease(worker, 1), theirs
+    ours.setblocking(False)
+    return Worker(0, -1, trio.SocketStream(trio.socket.from_stdlib_socket(ours)), 1 << 20), theirs
 
 
 def _calls(call_id: int) -> ipc.ToolCalls:
     return ipc.ToolCalls(calls=[], logs=[f"line {call_id}"])
 
 
-async def test_messages_arrive_in_order_whether_the_receiver_waits_or_not() -> None:
-    lease, other = _lease()
+async def test_messages_reach_the_receiver_at_once_in_order_and_a_loss_too() -> None:
+    worker, other = _worker()
     with other:
-        lease.deliver(_calls(1))
+        lease, receiver = Lease(worker, 1), Receiver()
+        lease.deliver(_calls(1))  # no receiver yet (not leased to anyone): dropped
+        lease.receiver = receiver
         lease.deliver(_calls(2))
-        assert (await lease.receive()).logs == ["line 1"]
-        assert (await lease.receive()).logs == ["line 2"]
-        async with trio.open_nursery() as nursery:
-            received: list[ipc.ToolCalls | ipc.Finished] = []
-
-            async def receive() -> None:
-                received.append(await lease.receive())
-
-            nursery.start_soon(receive)
-            await trio.testing.wait_all_tasks_blocked()
-            assert received == []
-            lease.deliver(_calls(3))
-        assert [message.logs for message in received] == [["line 3"]]
+        lease.deliver(_calls(3))
+        lease.lose(WorkerLost("gone"))
+        assert [message.logs for message in receiver.messages] == [["line 2"], ["line 3"]]
+        assert receiver.lost == ["gone"]
 
 
-async def test_a_lost_worker_is_raised_to_the_receiver() -> None:
-    lease, other = _lease()
+async def test_a_worker_flooding_a_host_that_does_not_read_is_refused() -> None:
+    worker, other = _worker()
     with other:
-        async with trio.open_nursery() as nursery:
-            raised: list[BaseException] = []
-
-            async def receive() -> None:
-                try:
-                    await lease.receive()
-                except WorkerLost as exc:
-                    raised.append(exc)
-
-            nursery.start_soon(receive)
-            await trio.testing.wait_all_tasks_blocked()
-            lease.lose(WorkerLost("gone"))
-        assert [str(exc) for exc in raised] == ["gone"]
-
-
-async def test_a_cancelled_wait_leaves_the_next_message_for_the_next_receive() -> None:
-    lease, other = _lease()
-    with other:
-        with trio.move_on_after(0.01) as scope:
-            await lease.receive()
-        assert scope.cancelled_caught
-        lease.deliver(_calls(4))  # must not wake the cancelled task, nor be lost
-        assert (await lease.receive()).logs == ["line 4"]
-
-
-async def test_a_worker_flooding_one_slot_is_refused() -> None:
-    lease, other = _lease()
-    with other:
-        for call_id in range(LEASE_BACKLOG):
-            lease.deliver(_calls(call_id))
+        lease = Lease(worker, 1)
+        lease.receiver = Receiver(backlog=LEASE_BACKLOG_BYTES)
+        lease.deliver(_calls(1))  # at the bound: still taken
+        lease.receiver = Receiver(backlog=LEASE_BACKLOG_BYTES + 1)
         with pytest.raises(WorkerLost, match="flooded slot 1"):
-            lease.deliver(_calls(LEASE_BACKLOG))
+            lease.deliver(_calls(2))
+
+
+def _frames(data: bytes) -> list[tuple[int, ipc.ToWorker]]:
+    frames = ipc.Unframer()
+    frames.feed(data)
+    found = []
+    while (body := frames.next()) is not None:
+        found.append(ipc.to_worker_decoder.decode(body))
+    return found
+
+
+async def test_frames_the_channel_does_not_take_at_once_follow_whole_and_in_order() -> None:
+    worker, other = _worker()
+    settles = [ipc.Settle(call_id=n, ok=True, value=b"x" * 50_000) for n in range(40)]  # ~2 MB: more than the buffers
+    with other:
+        other.setblocking(False)
+        received = bytearray()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.write_backlog)
+            for settle in settles:
+                worker.send(7, settle)
+            assert worker._backlog  # the channel did not take them all: the writer has the rest
+            with trio.fail_after(10):
+                while len(_frames(bytes(received))) < len(settles):
+                    await trio.lowlevel.wait_readable(other)
+                    received += other.recv(1 << 20)
+            nursery.cancel_scope.cancel()
+    assert [(slot, message.call_id) for slot, message in _frames(bytes(received))] == [(7, n) for n in range(40)]
+
+
+async def test_a_worker_that_stops_reading_its_channel_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool, "SEND_TIMEOUT_S", 0.2)
+    worker, other = _worker()
+    with other:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(worker.write_backlog)
+                while worker.alive:
+                    worker.send(1, ipc.Settle(call_id=1, ok=True, value=b"x" * 100_000))
+                    await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+    assert not worker.alive
+
+
+async def test_a_broken_channel_is_a_lost_worker() -> None:
+    worker, other = _worker()
+    other.close()
+    with pytest.raises(WorkerLost):
+        for _ in range(10):  # the first write may still be taken before the reset is seen
+            worker.send(1, ipc.Abort())

@@ -1,17 +1,22 @@
 """``listeners``: a burst of connections accepted in one step, each with its peer's address, over
-real sockets on 127.0.0.1; and the daemon serving a burst, each execution logged with its peer."""
+real sockets on 127.0.0.1; what the acceptor does out of descriptors; and the daemon serving a
+burst, each execution logged with its peer."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
+import resource
 import socket
 import time
 from collections.abc import AsyncIterator
 
 import trio
 
-from execbox_runner.daemon.listeners import BURST, Listener, accept_forever, listen
+from execbox_runner.daemon.listeners import BURST, Acceptor, Listener, listen
+from execbox_runner.daemon.reactor import Reactor
 
 from .daemonkit import client, run_to_done, running_daemon
 
@@ -39,65 +44,96 @@ def peers_of(clients: list[socket.socket]) -> set[str]:
 
 async def test_a_burst_is_accepted_at_once_each_with_its_peer() -> None:
     async with connected(20) as (listener, clients):
-        accepted: list[tuple[trio.SocketStream, str]] = []
+        accepted: list[tuple[socket.socket, str]] = []
         with trio.fail_after(WAIT_S):
             while len(accepted) < len(clients):
                 got = listener.accept_now()
                 if got is None:
-                    await listener.wait()
+                    await trio.lowlevel.wait_readable(listener.fileno())
                 else:
                     accepted.append(got)
         assert listener.accept_now() is None  # the queue is empty
         assert {peer for _, peer in accepted} == peers_of(clients)
-        # Each one is a working stream to its own client.
-        for tcp, peer in accepted:
-            await tcp.send_all(peer.encode())
+        # Each one is a working non-blocking socket to its own client, with Nagle off (inherited).
+        for sock, peer in accepted:
+            assert sock.getblocking() is False
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            sock.send(peer.encode())
         for sock in clients:
             sock.settimeout(WAIT_S)
             assert sock.recv(100) == f"127.0.0.1:{sock.getsockname()[1]}".encode()
-        for tcp, _ in accepted:
-            await tcp.aclose()
+        for sock, _ in accepted:
+            sock.close()
 
 
-async def test_wait_returns_once_a_connection_arrives() -> None:
-    [listener] = await listen("127.0.0.1", 0, reuse_port=False)
-    try:
-        assert listener.accept_now() is None
-        async with trio.open_nursery() as nursery:
+async def test_the_acceptor_takes_bursts_longer_than_one_step_each_with_its_peer() -> None:
+    taken: list[tuple[socket.socket, str]] = []
 
-            async def connect_later() -> None:
-                await trio.sleep(0.05)
-                stream = await trio.open_tcp_stream(*listener.address)
-                await stream.aclose()
-
-            nursery.start_soon(connect_later)
-            with trio.fail_after(WAIT_S):
-                await listener.wait()
-            got = listener.accept_now()
-            assert got is not None
-            await got[0].aclose()
-    finally:
-        listener.close()
-
-
-async def test_accept_forever_takes_bursts_longer_than_one_step_each_with_its_peer() -> None:
-    taken: list[tuple[trio.SocketStream, str]] = []
-
-    async def no_descriptors_expected(error: OSError) -> None:
+    def no_descriptors_expected(error: OSError) -> bool:
         raise AssertionError(f"out of descriptors: {error}")
 
+    reactor = Reactor()
     async with connected(3 * BURST) as (listener, clients):
         with trio.move_on_after(WAIT_S):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    accept_forever, listener, lambda tcp, peer: taken.append((tcp, peer)), no_descriptors_expected
-                )
+                Acceptor(reactor, listener, lambda sock, peer: taken.append((sock, peer)), no_descriptors_expected)
+                nursery.start_soon(reactor.run)
                 while len(taken) < len(clients):
                     await trio.sleep(0.01)
                 nursery.cancel_scope.cancel()
+        reactor.unregister(listener.fileno())
+        reactor.close()
         assert {peer for _, peer in taken} == peers_of(clients)
-        for tcp, _ in taken:
-            await tcp.aclose()
+        for sock, _ in taken:
+            sock.close()
+
+
+async def test_out_of_descriptors_the_acceptor_frees_one_or_pauses() -> None:
+    """A real EMFILE (the descriptor limit lowered to what is open now): a freed descriptor lets the
+    next accept go on at once; none freed, accepting pauses, then resumes by itself."""
+    reactor = Reactor()
+    taken: list[socket.socket] = []  # kept open: each holds its descriptor
+    fillers: list[int] = []  # every descriptor left below the lowered limit
+    calls: list[bool] = []
+
+    def out_of_descriptors(error: OSError) -> bool:
+        assert error.errno == errno.EMFILE
+        freed = not calls
+        calls.append(freed)
+        if freed:
+            os.close(fillers.pop())
+        else:  # nothing freed: give the limit back, so that the accept after the pause succeeds
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+        return freed
+
+    def take(sock: socket.socket, _peer: str) -> None:
+        taken.append(sock)
+
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    async with connected(2) as (listener, clients):
+        Acceptor(reactor, listener, take, out_of_descriptors)
+        highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, limits[1]))
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    fillers.append(os.open(os.devnull, os.O_RDONLY))
+            with trio.move_on_after(WAIT_S):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(reactor.run)
+                    while len(taken) < len(clients):
+                        await trio.sleep(0.01)
+                    nursery.cancel_scope.cancel()
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            for fd in fillers:
+                os.close(fd)
+        reactor.unregister(listener.fileno())
+        reactor.close()
+        peers = {"{}:{}".format(*sock.getpeername()) for sock in taken}
+        for sock in taken:
+            sock.close()
+        assert calls == [True, False] and peers == peers_of(clients)
 
 
 def test_the_daemon_logs_each_execution_with_its_peer() -> None:

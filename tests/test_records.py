@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import trio
 
 from execbox_runner.daemon.records import Recorder
 
@@ -60,12 +61,13 @@ def test_a_long_recorded_session_streams_to_disk_in_bounded_memory(tmp_path: Pat
 async def test_a_record_that_cannot_be_written_is_logged_once_and_the_session_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    recorder = Recorder(tmp_path / "removed", "127.0.0.1:1", "c0ffee")  # its directory is gone
-    recorder.host_text(execute("lost", "1").encode())
-    await recorder.flush()
-    recorder.runner(json.dumps({"type": "started", "id": "lost"}).encode())
-    await recorder.flush()
-    await recorder.close()
+    async with trio.open_nursery() as nursery:  # the record's writer tasks run here
+        recorder = Recorder(tmp_path / "removed", "127.0.0.1:1", "c0ffee", nursery.start_soon)  # its directory is gone
+        recorder.host_text(execute("lost", "1").encode())
+        recorder.flush()
+        recorder.runner(json.dumps({"type": "started", "id": "lost"}).encode())
+        recorder.flush()
+        recorder.close()
     errors = [record for record in caplog.records if record.levelno >= logging.ERROR]
     assert len(errors) == 1 and "could not write the session record" in errors[0].getMessage()
     assert not (tmp_path / "removed").exists()

@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from execbox_runner.daemon.config import Settings
-from execbox_runner.daemon.pool import WorkerLost, WorkerPool
+from execbox_runner.daemon.pool import Lease, WorkerLost, WorkerPool
 from execbox_runner.daemon.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.server import worker_arguments
 from execbox_runner.protocol import ipc
@@ -196,6 +196,43 @@ def reap(pids: set[int]) -> None:
             time.sleep(0.02)
 
 
+class Execution:
+    """A slot leased as a connection leases one; what its worker sends it is kept for the test."""
+
+    backlog = 0  # its host reads everything at once
+
+    def __init__(self, pool: WorkerPool, tenant: str = "") -> None:
+        self.lease: Lease | None = None
+        self._received: list[ipc.ToolCalls | ipc.Finished | WorkerLost] = []
+        pool.acquire(tenant, self._leased)
+
+    def _leased(self, lease: Lease) -> None:
+        self.lease = lease
+        lease.receiver = self
+
+    def worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None:
+        self._received.append(message)
+
+    def worker_lost(self, lease: Lease, reason: WorkerLost) -> None:
+        self._received.append(reason)
+
+    async def leased(self) -> Lease:
+        with trio.fail_after(WAIT_S):
+            while self.lease is None:
+                await trio.sleep(0.01)
+        return self.lease
+
+    async def receive(self) -> ipc.ToolCalls | ipc.Finished:
+        """The worker's next message (WorkerLost raised)."""
+        with trio.fail_after(WAIT_S):
+            while not self._received:
+                await trio.sleep(0.01)
+        message = self._received.pop(0)
+        if isinstance(message, WorkerLost):
+            raise message
+        return message
+
+
 async def wait_exits(pool: WorkerPool, count: int) -> None:
     with trio.fail_after(WAIT_S):
         while pool.exits < count:
@@ -203,7 +240,7 @@ async def wait_exits(pool: WorkerPool, count: int) -> None:
 
 
 async def test_the_pool_counts_exits_by_reason(pool: WorkerPool) -> None:
-    lease = await pool.acquire("tenant")
+    lease = await Execution(pool, "tenant").leased()
     crashed = lease.worker.pid
     os.kill(crashed, signal.SIGSEGV)
     await wait_exits(pool, 1)
@@ -211,9 +248,10 @@ async def test_the_pool_counts_exits_by_reason(pool: WorkerPool) -> None:
     pool.release(lease)
     # Two executions are this pool's worker lifetime: the second retires its worker.
     for _ in range(2):
-        lease = await pool.acquire("tenant")
-        await lease.send(ipc.Run("1", 5.0, 1 << 24, 10, 1000, [], 1 << 20))
-        assert isinstance(await lease.receive(), ipc.Finished)
+        execution = Execution(pool, "tenant")
+        lease = await execution.leased()
+        lease.send(ipc.Run("1", 5.0, 1 << 24, 10, 1000, [], 1 << 20))
+        assert isinstance(await execution.receive(), ipc.Finished)
         pool.release(lease)
     await wait_exits(pool, 2)
     assert pool.exit_reasons == {"signal_SIGSEGV": 1, "retired": 1}
@@ -222,7 +260,7 @@ async def test_the_pool_counts_exits_by_reason(pool: WorkerPool) -> None:
 
 async def test_a_worker_that_outlived_its_zygote_still_says_how_it_died(pool: WorkerPool) -> None:
     """The zygote is gone, so the daemon's reaper learns the orphan's status instead."""
-    lease = await pool.acquire("tenant")
+    lease = await Execution(pool, "tenant").leased()
     with trio.fail_after(WAIT_S):  # the spare that replaces the one claimed is up: no fork under way
         while pool.starting or len(pool.workers) < 2:
             await trio.sleep(0.02)
@@ -239,10 +277,10 @@ async def test_a_worker_that_outlived_its_zygote_still_says_how_it_died(pool: Wo
 async def test_a_worker_killed_at_its_cpu_time_backstop_says_so() -> None:
     """RLIMIT_CPU, soft and hard alike, ends a worker with SIGKILL: its zygote tells it from the OOM killer's."""
     async with running_pool("--cpu-seconds", "1") as pool:
-        lease = await pool.acquire()
-        await lease.send(ipc.Run("while (true) {}", 60.0, 1 << 24, 10, 1000, [], 1 << 20))
-        with trio.fail_after(WAIT_S), pytest.raises(WorkerLost):
-            await lease.receive()
+        execution = Execution(pool)
+        (await execution.leased()).send(ipc.Run("while (true) {}", 60.0, 1 << 24, 10, 1000, [], 1 << 20))
+        with pytest.raises(WorkerLost):
+            await execution.receive()
         await wait_exits(pool, 1)
         assert pool.exit_reasons == {"cpu_limit": 1}
 

@@ -1,19 +1,20 @@
 """The network side's floor: the daemon's own socket path answering every ``execute`` with nothing behind it.
 
 Per connection it does what the daemon does for a trivial execution, with the
-daemon's own pieces (``listeners``: connections accepted in bursts;
-``handshake``: the upgrade fast path; ``streams``: reads and whole writes;
-websockets' Sans-I/O ``Protocol`` for frames) and nothing else: no session
-state machine, no worker, no relay task, no timers, no logs, no metrics. It
-answers the upgrade, then each ``execute`` with ``started`` and a ``done``
-(result 2) in two writes, as the daemon does, then the closing handshake. The
-CPU it spends per session is what the daemon cannot go below on this stack
-(``floor.py`` prints both). Run as ``python -m benchkit.floor_server``: it
-prints its URL and serves until its stdin closes.
+daemon's own pieces (``reactor``: one task serving every socket; ``listeners``:
+connections accepted in bursts; ``transport``: reads and writes; ``handshake``:
+the upgrade fast path; websockets' Sans-I/O ``Protocol`` for frames) and
+nothing else: no session state machine, no worker, no timers, no logs, no
+metrics. It answers the upgrade, then each ``execute`` with ``started`` and a
+``done`` (result 2) in two writes, as the daemon does, then the closing
+handshake. The CPU it spends per session is what the daemon cannot go below on
+this stack (``floor.py`` prints both). Run as ``python -m benchkit.floor_server``:
+it prints its URL and serves until its stdin closes.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 from typing import Final
 
@@ -23,13 +24,12 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, Side, State
 
 from execbox_runner.daemon import handshake
-from execbox_runner.daemon.listeners import accept_forever, listen
-from execbox_runner.daemon.streams import await_data, close, write_whole
+from execbox_runner.daemon.listeners import Acceptor, listen
+from execbox_runner.daemon.reactor import Reactor
+from execbox_runner.daemon.transport import Transport
 
 LISTENING: Final = "floor listening on"
-RECEIVE_BYTES: Final = 64 << 10
 SEND_TIMEOUT_S: Final = 10.0
-RETRY_S: Final = 0.1  # out of descriptors: the wait before the next accept
 
 
 class _Execute(msgspec.Struct):
@@ -39,64 +39,64 @@ class _Execute(msgspec.Struct):
 _execute: Final = msgspec.json.Decoder(_Execute)
 
 
-async def serve_connection(stream: trio.SocketStream) -> None:
-    """One session: upgrade, answer each ``execute``, close; any failure just ends it."""
-    lock = trio.Lock()
-    try:
-        data = await await_data(stream, RECEIVE_BYTES, just_scheduled=True)
-        upgrade = handshake.parse_upgrade(data) if data else None
-        if upgrade is None:
-            return
-        ws = Protocol(Side.SERVER)
-        ws.receive_data(upgrade.rest)
-        if not await write_whole(stream, lock, handshake.response(upgrade.accept, "floor"), SEND_TIMEOUT_S):
-            return
-        while True:
-            for event in ws.events_received():
-                if isinstance(event, Frame) and event.opcode is Opcode.TEXT:
+class Session:
+    """One connection: upgrade, answer each ``execute``, close; anything unexpected just ends it."""
+
+    def __init__(self, reactor: Reactor, sock: socket.socket) -> None:
+        self.ws: Protocol | None = None
+        self.transport = Transport(reactor, sock, self, send_timeout=SEND_TIMEOUT_S)
+
+    def received(self, data: bytes) -> None:
+        if self.ws is None:
+            upgrade = handshake.parse_upgrade(data)
+            if upgrade is None:
+                self.transport.abort()
+                return
+            self.ws = Protocol(Side.SERVER)
+            self.ws.receive_data(upgrade.rest)
+            self.transport.write(handshake.response(upgrade.accept, "floor"))
+        else:
+            self.ws.receive_data(data)
+        ws = self.ws
+        for event in ws.events_received():
+            if isinstance(event, Frame) and event.opcode is Opcode.TEXT:
+                try:
                     execution = _execute.decode(event.data).id.encode()
-                    for answer in (
-                        b'{"type":"started","id":"%s"}' % execution,
-                        b'{"type":"done","id":"%s","ok":true,"result":2,"logs":[],"durationMs":0}' % execution,
-                    ):
-                        ws.send_text(answer)
-                        await write_whole(stream, lock, b"".join(ws.data_to_send()), SEND_TIMEOUT_S)
-            chunks = ws.data_to_send()  # the close reply, then the end-of-data marker
-            if chunks:
-                await write_whole(stream, lock, b"".join(chunks), SEND_TIMEOUT_S)
-            if (chunks and not chunks[-1]) or ws.state is State.CLOSED:
-                return
-            data = await await_data(stream, RECEIVE_BYTES)
-            if not data:
-                return
-            ws.receive_data(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, msgspec.DecodeError):
+                except msgspec.DecodeError:
+                    self.transport.abort()
+                    return
+                for answer in (
+                    b'{"type":"started","id":"%s"}' % execution,
+                    b'{"type":"done","id":"%s","ok":true,"result":2,"logs":[],"durationMs":0}' % execution,
+                ):
+                    ws.send_text(answer)
+                    self.transport.write(b"".join(ws.data_to_send()))
+        chunks = ws.data_to_send()  # the close reply, then the end-of-data marker
+        if chunks:
+            self.transport.write(b"".join(chunks))
+        if (chunks and not chunks[-1]) or ws.state is State.CLOSED:
+            self.transport.close()
+
+    def ended(self) -> None:
+        self.transport.close()
+
+    def lost(self, reason: str | None) -> None:
         pass
-    finally:
-        await close(stream)
-
-
-async def wait_for_descriptors(_error: OSError) -> None:
-    """Out of descriptors: a session ends soon (the benchmark's load is bounded)."""
-    await trio.sleep(RETRY_S)
 
 
 def main() -> None:
     """Serve on a free loopback port until stdin closes (the parent is done or dead)."""
 
     async def run() -> None:
+        reactor = Reactor()
         listeners = await listen("127.0.0.1", 0, reuse_port=False)
         host, port = listeners[0].address
+        for listener in listeners:
+            # The daemon's own acceptor: a burst of connections in one step, each a session of the reactor.
+            Acceptor(reactor, listener, lambda sock, _peer: Session(reactor, sock), lambda _error: False)
         print(f"{LISTENING} ws://{host}:{port}/", flush=True)
         async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                # The daemon's own loop: a burst of connections in one step, each its own task.
-                nursery.start_soon(
-                    accept_forever,
-                    listener,
-                    lambda tcp, _peer: nursery.start_soon(serve_connection, tcp),
-                    wait_for_descriptors,
-                )
+            nursery.start_soon(reactor.run)
             await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
             nursery.cancel_scope.cancel()
 

@@ -1,25 +1,26 @@
-"""The daemon's listening sockets, accepted from in bursts.
+"""The daemon's listening sockets, accepted from in bursts by the reactor.
 
-trio's ``SocketListener.accept`` passes through the scheduler after every
-connection it accepts (a schedule point), and drops the peer's address, which
-the daemon then asked the kernel for again. Hosts connect in bursts (a fleet
-starting, a ramp of parked executions), so a ``Listener`` takes what the kernel
-has queued in one step, each connection with its peer's address, and lets the
-others run only every ``BURST`` connections and when the queue is empty.
+Hosts connect in bursts (a fleet starting, a ramp of parked executions), so an
+``Acceptor`` takes what the kernel has queued, up to ``BURST`` connections
+each time the listening socket is ready, each with its peer's address from
+``accept``; the reactor serves the other sockets in between.
 """
 
 from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Awaitable, Callable
-from typing import Final, NoReturn
+from collections.abc import Callable
+from typing import Final
 
 import trio
+
+from .reactor import READ, Reactor
 
 BACKLOG: Final = 4096
 # Connections accepted in one step at most: a flood of connections still lets the sessions run.
 BURST: Final = 16
+RETRY_S: Final = 0.1  # out of descriptors, none freed: the pause before accepting again
 # accept() errors that mean "no descriptor (or memory) for another connection now".
 OUT_OF_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 # accept() errors that concern only the connection being accepted (reset while queued, refused by
@@ -67,7 +68,10 @@ class Listener:
         host, port = self._sock.getsockname()[:2]
         return host, port
 
-    def accept_now(self) -> tuple[trio.SocketStream, str] | None:
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def accept_now(self) -> tuple[socket.socket, str] | None:
         """A queued connection and its peer's ``host:port``; None when none is queued. Raises
         OSError when none can be accepted now (out of descriptors, say)."""
         while True:
@@ -79,14 +83,10 @@ class Listener:
                 if exc.errno in _IGNORABLE:
                     continue
                 raise
-            return trio.SocketStream(trio.socket.from_stdlib_socket(sock)), f"{peer[0]}:{peer[1]}"
-
-    async def wait(self) -> None:
-        """Until a connection is queued (or looks so: ``accept_now`` may still find none)."""
-        await trio.lowlevel.wait_readable(self._sock)
+            sock.setblocking(False)
+            return sock, f"{peer[0]}:{peer[1]}"
 
     def close(self) -> None:
-        trio.lowlevel.notify_closing(self._sock)
         self._sock.close()
 
 
@@ -112,28 +112,47 @@ async def listen(host: str, port: int, *, reuse_port: bool) -> list[Listener]:
     return listeners
 
 
-async def accept_forever(
-    listener: Listener,
-    take: Callable[[trio.SocketStream, str], None],
-    out_of_descriptors: Callable[[OSError], Awaitable[None]],
-) -> NoReturn:
-    """Hand every connection to ``take`` with its peer's address, at most ``BURST`` in one step.
+class Acceptor:
+    """Accept a listener's connections as the reactor finds them queued, and hand each to ``take``
+    with its peer's address.
 
-    Out of descriptors, ``out_of_descriptors`` is awaited before the next accept (free one, or
-    wait); any other error from ``accept_now`` ends the loop.
+    Out of descriptors, ``out_of_descriptors(error)`` is asked to free one: True, and the next
+    accept is tried at once; False, and accepting pauses ``RETRY_S``. Any other error from
+    ``accept_now`` is the reactor's to log, and this listener accepts no more.
     """
-    while True:
+
+    def __init__(
+        self,
+        reactor: Reactor,
+        listener: Listener,
+        take: Callable[[socket.socket, str], None],
+        out_of_descriptors: Callable[[OSError], bool],
+    ) -> None:
+        self._reactor = reactor
+        self._listener = listener
+        self._take = take
+        self._out_of_descriptors = out_of_descriptors
+        reactor.register(listener.fileno(), READ, self._ready)
+
+    def _ready(self, _mask: int) -> None:
         for _ in range(BURST):
             try:
-                accepted = listener.accept_now()
+                accepted = self._listener.accept_now()
             except OSError as exc:
                 if exc.errno not in OUT_OF_DESCRIPTORS:
                     raise
-                await out_of_descriptors(exc)
-                continue
+                if self._out_of_descriptors(exc):
+                    continue
+                self._reactor.unregister(self._listener.fileno())
+                self._reactor.call_at(trio.current_time() + RETRY_S, self._resume)
+                return
             if accepted is None:
-                await listener.wait()
-                break
-            take(*accepted)
-        else:
-            await trio.lowlevel.checkpoint()  # a burst longer than BURST: the others run between
+                return
+            self._take(*accepted)
+
+    def _resume(self) -> None:
+        self._reactor.register(self._listener.fileno(), READ, self._ready)
+
+    def close(self) -> None:
+        self._reactor.unregister(self._listener.fileno())
+        self._listener.close()

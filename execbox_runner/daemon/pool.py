@@ -10,9 +10,11 @@ operator allows it); when all are full it claims a spare (a started worker
 no tenant owns yet), and the pool starts another spare in its place. The
 pool keeps ``warm`` spares ready.
 
-One relay task per worker reads its channel and routes each frame to the
-lease of its slot. When a worker dies, every execution it held learns at
-once (``WorkerLost``) and the pool replaces it. A lease given up before its
+One relay task per worker reads its channel and hands each frame to the
+receiver of its slot's lease (the session's connection), at once. Frames to a
+worker are offered to its channel at once too; what the channel does not take
+is written in order by the worker's writer task. When a worker dies, every
+execution it held learns at once (``WorkerLost``) and the pool replaces it. A lease given up before its
 execution finished (timeout, cancel, host gone) is abandoned: the worker is
 told to abort it; one that has not complied within ``abandon_grace`` takes no
 new executions, and is killed (with whatever it still hosts) only if the
@@ -44,20 +46,22 @@ import socket
 import struct
 import subprocess
 import sys
-from typing import Final, Literal, NamedTuple, TypeAlias
+from collections import deque
+from collections.abc import Callable
+from typing import Final, Literal, NamedTuple, Protocol, TypeAlias
 
 import trio
 
 from ..protocol import ipc
 from . import reaper
 from .machine import usable_cores
-from .streams import write_whole
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S: Final = 30.0
-# Messages a lease may have waiting before its worker is judged to be flooding.
-LEASE_BACKLOG: Final = 4096
+# What a slot's host may have left unread of what its worker sent before the worker is judged to be
+# flooding it: a guest's tool calls and logs each fit a message, and a host reads them as they come.
+LEASE_BACKLOG_BYTES: Final = 64 << 20
 # A tenant's worker with no execution for this long is stopped (the default tenant keeps its warm ones).
 TENANT_IDLE_S: Final = 30.0
 # A retired worker still holding an aborted execution this long after its grace is stuck: killed.
@@ -147,7 +151,9 @@ class Worker:
         self.idle_since = trio.current_time()
         self._next_slot = 0
         self._frames = ipc.Unframer(max_frame)
-        self._send_lock = trio.Lock()
+        self._backlog: list[bytes] = []  # frames the channel has not taken yet, for the writer task
+        self._writing = False  # the writer task holds frames it is writing
+        self._wake_writer = trio.Event()
         self._heaps: ipc.Heaps | None = None  # its answer to the last Measure
         self._measured = trio.Event()
 
@@ -163,7 +169,7 @@ class Worker:
         bounds it regardless is its address-space limit (see ``server.worker_heap_bytes``)."""
         self._heaps, self._measured = None, trio.Event()
         try:
-            await self.send(0, ipc.Measure())
+            self.send(0, ipc.Measure())
         except WorkerLost:
             return []
         with trio.move_on_after(MEASURE_TIMEOUT_S):
@@ -178,17 +184,42 @@ class Worker:
         self._heaps = heaps
         self._measured.set()
 
-    async def send(self, slot: int, message: ipc.ToWorker) -> None:
-        """Write one whole frame. Never cut short by the caller's cancellation (half a frame would
-        garble the channel for every execution on it): it is written within ``SEND_TIMEOUT_S`` or
-        the worker, which stopped reading, is killed. Callers that may be cancelled check before."""
+    def send(self, slot: int, message: ipc.ToWorker) -> None:
+        """Send one frame after those sent before it: offered to the channel at once, which takes it
+        whole unless the worker has stopped reading; the rest goes through the writer task (a frame is
+        never cut short: half of one would garble the channel for every execution on it). A worker
+        that has not taken it within ``SEND_TIMEOUT_S`` is killed. WorkerLost if the channel is broken."""
+        data = ipc.frame(slot, message)
+        if self._backlog or self._writing:
+            self._backlog.append(data)
+            return
         try:
-            written = await write_whole(self.stream, self._send_lock, ipc.frame(slot, message), SEND_TIMEOUT_S)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            sent = os.write(self.stream.socket.fileno(), data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
             raise WorkerLost(str(exc)) from None
-        if not written:
-            self.kill("stuck")
-            raise WorkerLost(f"worker did not read its channel for {SEND_TIMEOUT_S:g} s")
+        if sent < len(data):
+            self._backlog.append(data[sent:])
+            self._wake_writer.set()
+
+    async def write_backlog(self) -> None:
+        """The writer task: write what the channel did not take at once, in order, until cancelled."""
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer = trio.Event()
+            while self._backlog:
+                data, self._backlog, self._writing = b"".join(self._backlog), [], True
+                with trio.move_on_after(SEND_TIMEOUT_S) as scope:
+                    try:
+                        await self.stream.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        self._backlog = []  # its relay sees the channel end and reports the loss
+                self._writing = False
+                if scope.cancelled_caught:
+                    log.warning("worker %d did not read its channel for %g s; killing it", self.pid, SEND_TIMEOUT_S)
+                    self.kill("stuck")
+                    return
 
     async def receive(self) -> tuple[int, ipc.FromWorker]:
         try:
@@ -231,63 +262,53 @@ def _readable(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
-class Lease:
-    """One execution's slot in a worker, and the worker's messages for it.
+class LeaseReceiver(Protocol):
+    """Who takes a lease's messages from its worker: the execution's connection."""
 
-    The messages wait in a plain list that wakes the one task receiving them: a memory
-    channel per execution cost ~1.4 KiB and a few microseconds to open, for one reader and
-    one writer that never need its fairness or its closing; a deque's empty block alone is
-    760 bytes (a list's 56), and a parked execution's mailbox is empty.
+    @property
+    def backlog(self) -> int:
+        """Bytes it has sent its host that the host has not taken yet."""
+
+    def worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None: ...
+
+    def worker_lost(self, lease: Lease, reason: WorkerLost) -> None: ...
+
+
+class Lease:
+    """One execution's slot in a worker; the worker's messages for it go to its ``receiver`` at once.
+
+    A message arrives while its receiver's host may still be reading the last ones: a worker whose
+    messages pile up unread there (``LEASE_BACKLOG_BYTES``) is judged to be flooding the slot.
     """
 
-    __slots__ = ("_mailbox", "_receiver", "abandoned", "finished", "run_sent", "slot", "worker")
+    __slots__ = ("abandoned", "finished", "receiver", "run_sent", "slot", "worker")
 
     def __init__(self, worker: Worker, slot: int) -> None:
         self.worker = worker
         self.slot = slot
         self.finished = False  # the worker has sent this slot's Finished
         self.abandoned = False  # given up before it finished; the worker was told to abort
-        self.run_sent = False  # the Run is (being) written: the worker knows this slot
-        self._mailbox: list[ipc.ToolCalls | ipc.Finished | WorkerLost] = []
-        self._receiver: trio.lowlevel.Task | None = None  # the task waiting in ``receive``
+        self.run_sent = False  # the Run was sent: the worker knows this slot
+        self.receiver: LeaseReceiver | None = None
 
-    async def send(self, message: ipc.ToWorker) -> None:
-        """Send ``message`` for this slot; a cancelled caller sends nothing. Past the check, the
-        frame is written whole, so ``run_sent`` is exact: a slot whose Run never left needs no Abort."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+    def send(self, message: ipc.ToWorker) -> None:
+        """Send ``message`` for this slot (see ``Worker.send``)."""
         if isinstance(message, ipc.Run):
             self.run_sent = True
-        await self.worker.send(self.slot, message)
-
-    async def receive(self) -> ipc.ToolCalls | ipc.Finished:
-        """The worker's next message for this slot, waiting for it if none has come (one receiver)."""
-        if not self._mailbox:
-            self._receiver = trio.lowlevel.current_task()
-
-            def abort(_: object) -> trio.lowlevel.Abort:
-                self._receiver = None
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            await trio.lowlevel.wait_task_rescheduled(abort)
-        message = self._mailbox.pop(0)
-        if isinstance(message, WorkerLost):
-            raise message
-        return message
+        self.worker.send(self.slot, message)
 
     def deliver(self, message: ipc.ToolCalls | ipc.Finished) -> None:
-        if len(self._mailbox) >= LEASE_BACKLOG:
+        receiver = self.receiver
+        if receiver is None:
+            return
+        if receiver.backlog > LEASE_BACKLOG_BYTES:
             raise WorkerLost(f"worker flooded slot {self.slot}")
-        self._post(message)
+        receiver.worker_message(self, message)
 
     def lose(self, reason: WorkerLost) -> None:
-        """The worker is gone: the execution's next ``receive`` raises ``reason``."""
-        self._post(reason)
-
-    def _post(self, message: ipc.ToolCalls | ipc.Finished | WorkerLost) -> None:
-        self._mailbox.append(message)
-        if self._receiver is not None:
-            receiver, self._receiver = self._receiver, None
-            trio.lowlevel.reschedule(receiver)
+        """The worker is gone: the receiver learns it."""
+        if self.receiver is not None:
+            self.receiver.worker_lost(self, reason)
 
 
 class _Exit:
@@ -448,10 +469,10 @@ class WorkerPool:
         self.zygote = ZygoteClient(worker_args)
         self.workers: set[Worker] = set()
         self.starting = 0  # worker starts under way
-        self.waiting = 0  # executions waiting for room
+        self._waiting: deque[tuple[str, Callable[[Lease], None]]] = deque()  # tenant, and whom to give a slot
+        self._serving = False  # _serve_waiting is under way
         self.exits = 0  # worker processes that exited (and were replaced)
         self.exit_reasons: dict[str, int] = {}  # the same by ExitCause.reason (a bounded set)
-        self._room = trio.lowlevel.ParkingLot()
         self._wake_spawner = trio.Event()
         self._nursery: trio.Nursery | None = None
 
@@ -479,6 +500,7 @@ class WorkerPool:
                     self._retire_idle_tenants()
                     self._top_up()
             finally:
+                self._nursery = None  # stopping: an execution let go now has nothing to abort
                 for worker in list(self.workers):
                     worker.kill("shutdown")
                 await self.zygote.aclose()
@@ -545,30 +567,37 @@ class WorkerPool:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_exit, worker)
-                try:
-                    await self._ready(worker)
-                    while True:
-                        slot, message = await worker.receive()
-                        if slot == 0 and isinstance(message, ipc.Heaps):
-                            worker.measured(message)
-                            continue
-                        lease = worker.leases.get(slot)
-                        if lease is None or lease.finished or not isinstance(message, ipc.ToolCalls | ipc.Finished):
-                            raise WorkerLost(f"worker sent {type(message).__name__} for slot {slot}")
-                        if isinstance(message, ipc.Finished):
-                            lease.finished = True
-                        if lease.abandoned:
-                            if lease.finished:
-                                self._forget(lease)
-                            continue
-                        lease.deliver(message)
-                except WorkerLost as exc:
-                    held = sum(not lease.finished for lease in worker.leases.values())
-                    await self._lost(worker, exc)
+                async with trio.open_nursery() as channel:
+                    channel.start_soon(worker.write_backlog)
+                    try:
+                        await self._ready(worker)
+                        while True:
+                            self._route(worker, *await worker.receive())
+                    except WorkerLost as exc:
+                        held = sum(not lease.finished for lease in worker.leases.values())
+                        await self._lost(worker, exc)
+                    finally:
+                        channel.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await worker.stream.aclose()
             self._count_exit(worker, held)
+
+    def _route(self, worker: Worker, slot: int, message: ipc.FromWorker) -> None:
+        """Hand a worker's frame to whom it concerns; WorkerLost if it concerns nobody it may."""
+        if slot == 0 and isinstance(message, ipc.Heaps):
+            worker.measured(message)
+            return
+        lease = worker.leases.get(slot)
+        if lease is None or lease.finished or not isinstance(message, ipc.ToolCalls | ipc.Finished):
+            raise WorkerLost(f"worker sent {type(message).__name__} for slot {slot}")
+        if isinstance(message, ipc.Finished):
+            lease.finished = True
+        if lease.abandoned:
+            if lease.finished:
+                self._forget(lease)
+            return
+        lease.deliver(message)
 
     async def evict_largest(self) -> tuple[Lease, int] | None:
         """End the execution with the largest heap of all workers with ``memory_limit`` (the
@@ -588,7 +617,7 @@ class WorkerPool:
         if size <= 0:
             return None
         try:
-            await lease.send(ipc.Evict())
+            lease.send(ipc.Evict())
         except WorkerLost:
             return None  # its relay sees the loss and ends its executions
         return lease, size
@@ -605,14 +634,14 @@ class WorkerPool:
         worker.ready = True
         self.starting -= 1
         self.workers.add(worker)
-        self._room.unpark_all()
+        self._serve_waiting()
         self._wake_spawner.set()
 
     async def _lost(self, worker: Worker, exc: WorkerLost) -> None:
         """Every execution the worker still hosts learns it is lost, and the worker is killed, unless
         its channel closed because it is exiting on its own: then its exit status says why."""
         worker.alive = False
-        for lease in worker.leases.values():
+        for lease in list(worker.leases.values()):  # each receiver lets its lease go as it learns
             if not lease.finished and not lease.abandoned:
                 lease.lose(exc)
         if isinstance(exc, ChannelClosed):
@@ -657,47 +686,82 @@ class WorkerPool:
             },
         )
 
-    async def acquire(self, tenant: str = "") -> Lease:
-        """A slot in the least-loaded live worker of ``tenant``, else in a spare it claims; waits
-        (and asks for more) when there is neither."""
-        while True:
-            candidates = [w for w in self._usable(tenant) if len(w.leases) < self.capacity]
-            if not candidates and self._spares():
-                spare = self._spares()[0]
-                spare.tenant = tenant
-                candidates = [spare]
-                self._wake_spawner.set()  # a spare fewer: start its replacement
-            if candidates:
-                worker = min(candidates, key=lambda w: len(w.leases))
-                lease = worker.lease()
-                if worker.started >= self.lifetime:
-                    worker.retiring = "retired"
-                    self._wake_spawner.set()
-                return lease
-            self.waiting += 1
+    def acquire(self, tenant: str, leased: Callable[[Lease], None]) -> None:
+        """Call ``leased`` with a slot in the least-loaded live worker of ``tenant``, else in a spare
+        it claims: now if there is room, else (asking for more workers) once there is, in the order
+        executions asked; ``withdraw(leased)`` stops waiting."""
+        lease = self._lease(tenant)
+        if lease is not None:
+            leased(lease)
+            return
+        self._waiting.append((tenant, leased))
+        self._wake_spawner.set()
+
+    def withdraw(self, leased: Callable[[Lease], None]) -> None:
+        """An execution waiting for room no longer needs it."""
+        for entry in self._waiting:
+            if entry[1] == leased:
+                self._waiting.remove(entry)
+                return
+
+    @property
+    def waiting(self) -> int:
+        """Executions waiting for room."""
+        return len(self._waiting)
+
+    def _lease(self, tenant: str) -> Lease | None:
+        candidates = [w for w in self._usable(tenant) if len(w.leases) < self.capacity]
+        if not candidates and self._spares():
+            spare = self._spares()[0]
+            spare.tenant = tenant
+            candidates = [spare]
+            self._wake_spawner.set()  # a spare fewer: start its replacement
+        if not candidates:
+            return None
+        worker = min(candidates, key=lambda w: len(w.leases))
+        lease = worker.lease()
+        if worker.started >= self.lifetime:
+            worker.retiring = "retired"
             self._wake_spawner.set()
-            try:
-                await self._room.park()
-            finally:
-                self.waiting -= 1
+        return lease
+
+    def _serve_waiting(self) -> None:
+        """There may be room: lease it to the executions waiting, oldest first, while there is.
+        (A ``leased`` callback may free a slot again, and so come back here: the outer call serves on.)"""
+        if self._serving:
+            return
+        self._serving = True
+        try:
+            index = 0
+            while index < len(self._waiting):
+                tenant, leased = self._waiting[index]
+                lease = self._lease(tenant)
+                if lease is None:
+                    index += 1
+                    continue
+                del self._waiting[index]
+                leased(lease)
+                index = 0
+        finally:
+            self._serving = False
 
     def release(self, lease: Lease, *, misbehaved: bool = False) -> None:
         """The execution no longer needs its slot. One that has not finished is aborted and
         abandoned (see ``_abandon``). A worker that ``misbehaved`` (sent something invalid) may
         be taken over: it is killed, and the executions it hosts end with ``internal_error``."""
+        lease.receiver = None
         if misbehaved and lease.worker.alive:
             lease.worker.kill("misbehaved")
-        if lease.finished or not lease.worker.alive or not lease.run_sent:
-            self._forget(lease)  # nothing runs there (or it never started): nothing to abort
+        if lease.finished or not lease.worker.alive or not lease.run_sent or self._nursery is None:
+            self._forget(lease)  # nothing runs there, it never started, or the pool has stopped
             return
         lease.abandoned = True
-        assert self._nursery is not None
         self._nursery.start_soon(self._abandon, lease)
 
     async def _abandon(self, lease: Lease) -> None:
         worker = lease.worker
         try:
-            await lease.send(ipc.Abort())
+            lease.send(ipc.Abort())
         except WorkerLost:
             return
         await trio.sleep(self.abandon_grace)
@@ -719,7 +783,7 @@ class WorkerPool:
             if worker.retiring:
                 worker.kill(worker.retiring)
             self._wake_spawner.set()  # an idle tenant's worker is retired in time
-        self._room.unpark_all()
+        self._serve_waiting()
 
     def _retire(self, worker: Worker, reason: StopReason) -> None:
         worker.retiring = worker.retiring or reason

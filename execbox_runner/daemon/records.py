@@ -13,10 +13,10 @@ while the guest was busy comes while it is busy again. Beside each transcript,
 (as in its log lines) is in the transcript's header line and in the summary;
 the harness ignores header fields it does not know, so records still replay.
 
-A transcript streams to disk as the session goes (each step is written, in a
-worker thread, before the session moves on), so recording holds a few of a
-session's messages at most, however long it runs and however large its tool
-results. A record that cannot be written is logged once and dropped; the
+A transcript streams to disk as the session goes (its steps are appended in
+order by a writer task, in a worker thread, as they happen), so recording holds
+a few of a session's messages at most, however long it runs and however large
+its tool results. A record that cannot be written is logged once and dropped; the
 session goes on.
 """
 
@@ -27,6 +27,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,10 +41,13 @@ _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class Recorder:
-    """One session's transcript: steps are queued as they happen, ``flush`` appends them to
-    the file, ``close`` writes the rest and the summary when the session ends."""
+    """One session's transcript: steps are queued as they happen, ``flush`` has them appended to
+    the file, ``close`` has the rest and the summary written when the session ends. The writing is
+    a task that ``spawn`` starts (in the daemon's nursery) whenever there is something to write."""
 
-    def __init__(self, directory: Path, peer: str, correlation_id: str) -> None:
+    def __init__(
+        self, directory: Path, peer: str, correlation_id: str, spawn: Callable[[Callable[[], Awaitable[None]]], None]
+    ) -> None:
         self.directory = directory
         self.peer = peer
         self.correlation_id = correlation_id
@@ -53,7 +57,9 @@ class Recorder:
         self._pending: list[str] = []  # JSON lines not yet on disk, oldest first
         self._steps = 0
         self._failed = False
-        self._lock = trio.Lock()  # one writer at a time keeps the lines in order
+        self._spawn = spawn
+        self._writing = False  # a writer task is under way: one at a time keeps the lines in order
+        self._closing = False  # the session ended: the summary follows the last lines
         self._calls: dict[str, str] = {}  # actual callId -> placeholder name, this execution
         self._execution = 0
         self._last = time.monotonic()
@@ -127,26 +133,38 @@ class Recorder:
         self._steps += 1
         self._pending.append(json.dumps(step))
 
-    async def flush(self) -> None:
-        """Append the queued steps to the transcript, in a worker thread (disks may be slow)."""
-        async with self._lock:
-            lines, self._pending = self._pending, []
-            if lines and not self._failed:
-                await trio.to_thread.run_sync(self._append, lines)
+    def flush(self) -> None:
+        """Have the queued steps appended to the transcript (in a worker thread: disks may be slow)."""
+        if not self._writing and (self._pending or self._closing):
+            self._writing = True
+            self._spawn(self._write)
 
-    async def close(self) -> None:
-        """Write what is left and the summary (nothing for a session that sent nothing)."""
-        await self.flush()
-        if self.path is None or self._failed:
-            return
-        summary = {
-            "transcript": self.path.name,
-            "peer": self.peer,
-            "correlation_id": self.correlation_id,
-            "started": self.started,
-            "executions": self.executions,
-        }
-        await trio.to_thread.run_sync(self._save, self.path.with_suffix(".summary.json"), json.dumps(summary, indent=2))
+    def close(self) -> None:
+        """The session ended: have what is left and the summary written (nothing for a session that
+        sent nothing)."""
+        self._closing = True
+        self.flush()
+
+    async def _write(self) -> None:
+        try:
+            while self._pending:
+                lines, self._pending = self._pending, []
+                if not self._failed:
+                    await trio.to_thread.run_sync(self._append, lines)
+            if self._closing and self.path is not None and not self._failed:
+                self._closing = False  # written once
+                summary = {
+                    "transcript": self.path.name,
+                    "peer": self.peer,
+                    "correlation_id": self.correlation_id,
+                    "started": self.started,
+                    "executions": self.executions,
+                }
+                await trio.to_thread.run_sync(
+                    self._save, self.path.with_suffix(".summary.json"), json.dumps(summary, indent=2)
+                )
+        finally:
+            self._writing = False
 
     def _append(self, lines: list[str]) -> None:
         assert self.path is not None

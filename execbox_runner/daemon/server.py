@@ -1,4 +1,4 @@
-"""The daemon: a trio TCP listener that gives each connection a ``Connection``.
+"""The daemon: its listeners give each accepted connection a ``Connection``, served by the reactor.
 
 ``Daemon.serve`` starts the worker pool, waits until it is warm, listens,
 reports the bound address through ``task_status`` (so tests and the CLI learn
@@ -14,6 +14,10 @@ hosts waiting in the accept queue.
 With ``--metrics-port`` a second listener answers one plain HTTP request per
 connection (``/metrics``, the detailed ``/healthz``, ``/readyz``), with the
 same TLS, bounds and shedding, and never a session.
+
+Everything on the network runs in one task, the reactor's (``reactor.py``):
+accepting, handshakes, sessions, their timers; the worker pool, the memory
+sampler and the drain are tasks of the daemon's nursery beside it.
 """
 
 from __future__ import annotations
@@ -26,25 +30,23 @@ import os
 import platform
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import trio
-from websockets.http11 import Request
-from websockets.server import ServerProtocol
 
 from .. import __version__
 from ..worker import native, sandbox
-from . import endpoints
 from .config import Settings, read_tokens
 from .connection import Connection
 from .endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
-from .listeners import Listener, accept_forever, listen
+from .listeners import Acceptor, Listener, listen
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
+from .reactor import Reactor
 from .supervisor import is_shard, shard_count, shard_name
 
 log = logging.getLogger(__name__)
@@ -55,8 +57,6 @@ STANDARD_CPU_LIFETIME_S = 24 * 3600
 # What a worker gets to finish an execution it was told to abort before it is killed (with its
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
-RECEIVE_BYTES: Final = 65536
-ACCEPT_RETRY_S: Final = 0.1  # out of descriptors, none of them a handshake to shed: wait for a session to end
 # Connections still in their handshake: at most this many, and at most a quarter of the descriptors.
 MAX_HANDSHAKES: Final = 1024
 LIVE_STATE_INTERVAL_S = 0.5
@@ -154,6 +154,18 @@ def worker_arguments(settings: Settings) -> list[str]:
     return args if settings.sandbox else [*args, "--no-sandbox"]
 
 
+class Waiting(Protocol):
+    """A connection still in its handshake, as the bound sees it."""
+
+    peer: str
+
+    def has_sent(self) -> bool:
+        """Whether bytes from the peer wait unread."""
+
+    def abort(self) -> None:
+        """Close it now."""
+
+
 class Handshakes:
     """Connections that have not finished their opening handshake (TLS, then the HTTP
     request), oldest first.
@@ -169,59 +181,28 @@ class Handshakes:
     def __init__(self, limit: int, refusals: Refusals) -> None:
         self._limit = limit
         self._refusals = refusals  # the daemon's refused handshakes: counted and logged
-        self._waiting: dict[trio.SocketStream, str] = {}  # each one's peer; insertion order: oldest first
+        self._waiting: dict[Waiting, None] = {}  # insertion order: oldest first
 
-    def add(self, tcp: trio.SocketStream, peer: str) -> None:
+    def add(self, connection: Waiting) -> None:
         if len(self._waiting) >= self._limit:
             self.shed()
-        self._waiting[tcp] = peer
+        self._waiting[connection] = None
 
-    def finished(self, tcp: trio.SocketStream) -> None:
-        self._waiting.pop(tcp, None)
+    def finished(self, connection: Waiting) -> None:
+        self._waiting.pop(connection, None)
 
     def shed(self) -> bool:
         """Close the oldest connection still in its handshake that has sent nothing; False if
         there is none. Each connection is looked at once: one that has sent bytes leaves the bound."""
         while self._waiting:
-            tcp = next(iter(self._waiting))
-            peer = self._waiting.pop(tcp)
-            if has_sent(tcp):
+            connection = next(iter(self._waiting))
+            del self._waiting[connection]
+            if connection.has_sent():
                 continue
-            self._refusals.refuse("shed", peer)
-            # Closed now, not by its task: the descriptor is free for the next accept at once,
-            # and the task waiting on it sees ClosedResourceError.
-            tcp.socket.close()
+            self._refusals.refuse("shed", connection.peer)
+            connection.abort()  # closed now: the descriptor is free for the next accept at once
             return True
         return False
-
-
-def has_sent(tcp: trio.SocketStream) -> bool:
-    """Whether bytes from the peer wait unread (peeked, not consumed). A connection closed on
-    either side has nothing worth keeping."""
-    fd = tcp.socket.fileno()
-    if fd < 0:
-        return False
-    peek = socket.socket(fileno=fd)  # the same descriptor, not a copy: detached below, never closed
-    try:
-        return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except OSError:  # nothing yet (EAGAIN), or broken
-        return False
-    finally:
-        peek.detach()
-
-
-async def read_request(stream: trio.abc.Stream, parser: ServerProtocol) -> Request | None:
-    """The first HTTP request on ``stream``; None if the peer closes first or sends none that
-    parses (``parser`` then holds websockets' answer, if it makes one)."""
-    while not parser.close_expected():
-        data = await stream.receive_some(RECEIVE_BYTES)
-        if not data:
-            return None
-        parser.receive_data(data)
-        for event in parser.events_received():
-            if isinstance(event, Request):
-                return event
-    return None
 
 
 def url(scheme: str, host: str, port: int, path: str = "/") -> str:
@@ -312,6 +293,7 @@ class Daemon:
             separate_metrics=bool(settings.metrics_port),
         )
         self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
+        self.reactor = Reactor()
         self.connections: set[Connection] = set()
         # Every daemon process raises its own descriptor limit (a supervisor's shards too).
         self.handshakes = Handshakes(handshake_limit(raise_open_files()), self.state.refusals)
@@ -360,10 +342,7 @@ class Daemon:
             if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
                 nursery.start_soon(self._publish_live_state)
             task_status.started((host, port))
-            for listener in listeners:
-                nursery.start_soon(self._accept, listener, nursery, self._serve_connection)
-            for listener in scrapers:
-                nursery.start_soon(self._accept, listener, nursery, self._serve_scrape)
+            nursery.start_soon(self._serve_network, listeners, scrapers, nursery)
 
     def _announce(self, listeners: list[Listener], scrapers: list[Listener]) -> None:
         """The start-up line: where this daemon process serves, within which limits and with
@@ -426,32 +405,63 @@ class Daemon:
             extra=fields,
         )
 
-    async def _accept(
-        self,
-        listener: Listener,
-        nursery: trio.Nursery,
-        serve: Callable[[trio.SocketStream, str], Awaitable[None]],
-    ) -> None:
-        """Accept connections for ever and ``serve`` each (with its peer's address), a burst in
-        one step. Out of descriptors, shed the oldest handshake and accept again at once, rather
-        than leave the queue (and the hosts in it) waiting. A scrape counts as a handshake until
-        its request is in: a flood on the metrics port sheds its own members too."""
-
-        def take(tcp: trio.SocketStream, peer: str) -> None:
-            self.handshakes.add(tcp, peer)
-            nursery.start_soon(self._handle, tcp, peer, serve)
-
+    async def _serve_network(self, listeners: list[Listener], scrapers: list[Listener], nursery: trio.Nursery) -> None:
+        """The reactor's task: accept on every listener and serve every connection until cancelled;
+        then close them all (an execution still running is abandoned, its worker told to abort)."""
+        acceptors = [
+            *(
+                Acceptor(self.reactor, listener, self._connector(nursery, scrape=False), self._shed)
+                for listener in listeners
+            ),
+            *(
+                Acceptor(self.reactor, listener, self._connector(nursery, scrape=True), self._shed)
+                for listener in scrapers
+            ),
+        ]
         try:
-            await accept_forever(listener, take, self._out_of_descriptors)
+            await self.reactor.run()
         finally:
-            listener.close()
+            for acceptor in acceptors:
+                acceptor.close()
+            for connection in list(self.connections):
+                connection.abort()
+            self.reactor.close()
 
-    async def _out_of_descriptors(self, error: OSError) -> None:
-        """Shed the oldest handshake, so that the next accept succeeds at once; with none to shed,
-        wait for a session to end."""
-        if not self.handshakes.shed():
-            log.warning("cannot accept a connection: %s", error.strerror)
-            await trio.sleep(ACCEPT_RETRY_S)
+    def _connector(self, nursery: trio.Nursery, *, scrape: bool) -> Callable[[socket.socket, str], None]:
+        """What to do with a connection a listener accepted: a ``Connection``, counted in the handshake
+        bound until its request is in (a scrape too: a flood on the metrics port sheds its own)."""
+
+        def connect(sock: socket.socket, peer: str) -> None:
+            connection = Connection(
+                self.reactor,
+                sock,
+                peer,
+                pool=self.pool,
+                settings=self.settings,
+                state=self.state,
+                requested=self.handshakes.finished,
+                closed=self._closed,
+                spawn=nursery.start_soon,
+                tls=self.tls,
+                record_dir=None if scrape else self.record_dir,
+                scrape=scrape,
+            )
+            self.handshakes.add(connection)
+            self.connections.add(connection)
+
+        return connect
+
+    def _closed(self, connection: Connection) -> None:
+        self.handshakes.finished(connection)
+        self.connections.discard(connection)
+
+    def _shed(self, error: OSError) -> bool:
+        """Out of descriptors: shed the oldest handshake, so that the next accept succeeds at once
+        (True); with none to shed, accepting pauses until a session ends (False)."""
+        if self.handshakes.shed():
+            return True
+        log.warning("cannot accept a connection: %s", error.strerror)
+        return False
 
     async def _sample_memory(self) -> None:
         """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission, and
@@ -490,76 +500,6 @@ class Daemon:
         while True:
             self.state.metrics.publish()
             await trio.sleep(LIVE_STATE_INTERVAL_S)
-
-    async def _handle(
-        self, tcp: trio.SocketStream, peer: str, serve: Callable[[trio.SocketStream, str], Awaitable[None]]
-    ) -> None:
-        try:
-            await serve(tcp, peer)
-        finally:
-            self.handshakes.finished(tcp)
-
-    async def _secured(self, tcp: trio.SocketStream) -> trio.abc.Stream | None:
-        """``tcp``, over TLS when the daemon serves it (the TLS handshake bounded by the
-        handshake timeout); None, and closed, if that handshake fails."""
-        if self.tls is None:
-            return tcp
-        stream = trio.SSLStream(tcp, self.tls, server_side=True)
-        with trio.move_on_after(self.settings.handshake_timeout) as scope:
-            try:
-                await stream.do_handshake()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                scope.cancel()
-        if scope.cancelled_caught:
-            await tcp.aclose()
-            return None
-        return stream
-
-    async def _serve_scrape(self, tcp: trio.SocketStream, _peer: str) -> None:
-        """One request on the metrics port: read within the handshake timeout, answered within
-        the send timeout, then closed. Never a session."""
-        stream = await self._secured(tcp)
-        if stream is None:
-            return
-        parser = ServerProtocol()
-        try:
-            answer = b""
-            with trio.move_on_after(self.settings.handshake_timeout):
-                request = await read_request(stream, parser)
-                # No valid request: the answer websockets made (400, 431), if any.
-                answer = (
-                    endpoints.observe(request, self.state).serialize() if request else b"".join(parser.data_to_send())
-                )
-            self.handshakes.finished(tcp)
-            with trio.move_on_after(self.settings.send_timeout):
-                await stream.send_all(answer)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass  # the scraper went away, or a flood of connections shed this one
-        finally:
-            with trio.move_on_after(self.settings.close_timeout, shield=True):
-                await stream.aclose()
-
-    async def _serve_connection(self, tcp: trio.SocketStream, peer: str) -> None:
-        stream = await self._secured(tcp)
-        if stream is None:
-            return
-        connection = Connection(
-            stream,
-            self.pool,
-            self.settings,
-            self.state,
-            lambda: self.handshakes.finished(tcp),
-            peer,
-            self.record_dir,
-        )
-        self.connections.add(connection)
-        try:
-            await connection.serve()
-        except Exception:
-            # A bug in one connection must never take the daemon down.
-            log.exception("connection failed")
-        finally:
-            self.connections.discard(connection)
 
     async def drain(self) -> None:
         """Stop gracefully: new sessions get 503 (and /readyz fails) at once; running

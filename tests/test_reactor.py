@@ -1,0 +1,98 @@
+"""``Reactor``: ready sockets' handlers and due timers run in its one task; a cancelled timer
+never runs; a failing handler costs its own socket only (real socketpairs)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from execbox_runner.daemon import reactor as reactor_module
+from execbox_runner.daemon.reactor import READ, Reactor
+
+WAIT_S = 10.0
+
+
+async def test_timers_run_in_deadline_order_and_a_cancelled_one_never() -> None:
+    reactor = Reactor()
+    ran: list[str] = []
+    now = trio.current_time()
+    reactor.call_at(now + 0.03, lambda: ran.append("third"))
+    reactor.call_at(now + 0.01, lambda: ran.append("first"))
+    reactor.call_at(now + 0.02, lambda: ran.append("cancelled")).cancel()
+    reactor.call_at(now + 0.02, lambda: ran.append("second"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        with trio.fail_after(WAIT_S):
+            while len(ran) < 3:
+                await trio.sleep(0.01)
+        await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    reactor.close()
+    assert ran == ["first", "second", "third"]
+
+
+async def test_a_timer_is_on_time_while_no_socket_is_ready() -> None:
+    reactor = Reactor()
+    fired: list[float] = []
+    deadline = trio.current_time() + 0.05
+    reactor.call_at(deadline, lambda: fired.append(trio.current_time()))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        with trio.fail_after(WAIT_S):
+            while not fired:
+                await trio.sleep(0.005)
+        nursery.cancel_scope.cancel()
+    reactor.close()
+    assert fired[0] >= deadline
+
+
+async def test_cancelled_timers_do_not_pile_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-armed timers leave cancelled ones far in the future: the heap is rebuilt without them,
+    and the live ones still run."""
+    monkeypatch.setattr(reactor_module, "COMPACT_AFTER", 10)
+    reactor = Reactor()
+    ran: list[int] = []
+    now = trio.current_time()
+    live = [reactor.call_at(now + 0.01, lambda n=n: ran.append(n)) for n in range(3)]
+    for _ in range(100):
+        reactor.call_at(now + 3600, lambda: ran.append(-1)).cancel()
+    assert len(reactor._timers) < 30
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        with trio.fail_after(WAIT_S):
+            while len(ran) < len(live):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    reactor.close()
+    assert sorted(ran) == [0, 1, 2]
+
+
+async def test_a_failing_handler_drops_its_socket_and_the_others_are_served(caplog: pytest.LogCaptureFixture) -> None:
+    reactor = Reactor()
+    bad, bad_peer = socket.socketpair()
+    good, good_peer = socket.socketpair()
+    received: list[bytes] = []
+
+    def fail(_mask: int) -> None:
+        raise RuntimeError("a bug")
+
+    reactor.register(bad.fileno(), READ, fail)
+    reactor.register(good.fileno(), READ, lambda _mask: received.append(good.recv(100)))
+    bad_peer.send(b"x")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        await trio.sleep(0.05)  # the bad one's handler has run (and failed) by now
+        good_peer.send(b"still served")
+        with trio.fail_after(WAIT_S):
+            while not received:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert received == [b"still served"]
+    assert bad.fileno() not in reactor._handlers
+    assert any("handler failed" in record.getMessage() for record in caplog.records)
+    reactor.unregister(good.fileno())
+    reactor.close()
+    for sock in (bad, bad_peer, good, good_peer):
+        sock.close()
