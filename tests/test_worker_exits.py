@@ -21,9 +21,11 @@ import pytest
 import trio
 
 from execbox_runner.daemon.config import Settings
-from execbox_runner.daemon.pool import Lease, WorkerLost, WorkerPool
+from execbox_runner.daemon.pool import WorkerPool
+from execbox_runner.daemon.reactor import Reactor
 from execbox_runner.daemon.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.server import worker_arguments
+from execbox_runner.daemon.workers import Lease, WorkerLost
 from execbox_runner.protocol import ipc
 
 from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site, stop
@@ -154,7 +156,9 @@ def _wait_for(daemon: Daemon, select: Any) -> list[dict[str, Any]]:
 
 @contextlib.asynccontextmanager
 async def running_pool(*worker_args: str) -> AsyncIterator[WorkerPool]:
-    """A real pool in this process, which becomes a subreaper for it and stops being one after."""
+    """A real pool in this process (its reactor reading the workers' channels), which becomes a
+    subreaper for it and stops being one after."""
+    reactor = Reactor()
     pool = WorkerPool(
         warm=1,
         max_workers=4,
@@ -163,10 +167,12 @@ async def running_pool(*worker_args: str) -> AsyncIterator[WorkerPool]:
         max_frame=1 << 20,
         worker_args=[*worker_arguments(Settings()), *worker_args],
         abandon_grace=2.5,
+        reactor=reactor,
     )
     pids: set[int] = set()
     try:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(reactor.run)
             await nursery.start(pool.run)
             yield pool
             pids.update(pool.pids)
@@ -291,7 +297,7 @@ def _parent(pid: int) -> int:
 
 def test_exit_statuses_of_real_processes_read_as_their_reasons() -> None:
     """The wait statuses the zygote reports, from real processes: a signal, an exit status."""
-    from execbox_runner.daemon.pool import exit_cause
+    from execbox_runner.daemon.workers import exit_cause
 
     def status_of(command: list[str], sig: int | None = None) -> int:
         child = subprocess.Popen(command)

@@ -49,10 +49,11 @@ from ..protocol.session import (
 from . import endpoints, handshake, logs
 from .config import Settings
 from .endpoints import DaemonState
-from .pool import Lease, WorkerLost, WorkerPool
+from .pool import WorkerPool
 from .reactor import Reactor, Timer
 from .records import Recorder
 from .transport import Transport
+from .workers import Lease, WorkerLost
 
 log = logging.getLogger(__name__)
 
@@ -388,10 +389,7 @@ class Connection:
         assert run is not None
         self.lease = lease
         lease.receiver = self
-        try:
-            lease.send(self._left_of(run))
-        except WorkerLost as exc:
-            self._worker_lost(lease, exc)
+        lease.send(self._left_of(run))
 
     def _worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None:
         if self.lease is not lease:
@@ -423,10 +421,7 @@ class Connection:
             self._stop_waiting()
             self._perform(self.session.worker_lost(trio.current_time(), "no worker"))
             return
-        try:
-            lease.send(message)
-        except WorkerLost:
-            pass  # its relay sees the loss and reports it
+        lease.send(message)
 
     def _release(self, misbehaved: bool) -> None:
         self._stop_waiting()

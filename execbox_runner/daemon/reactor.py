@@ -60,6 +60,8 @@ class Reactor:
         self._timers: list[tuple[float, int, Timer]] = []
         self._sequence = 0  # orders timers of one deadline, and never compares two Timers
         self._stale = 0  # cancelled timers still in the heap
+        self._in_pass = False  # serving ready sockets and due timers now
+        self._later: list[Callable[[], None]] = []  # to run at the end of this pass
 
     def register(self, fd: int, events: int, handler: Callable[[int], None]) -> None:
         """Call ``handler(mask)`` whenever ``fd`` is ready for ``events`` (level-triggered)."""
@@ -72,8 +74,16 @@ class Reactor:
     def unregister(self, fd: int) -> None:
         """Stop watching ``fd``: before it is closed, since epoll would go on reporting the socket
         behind a closed descriptor while another descriptor still refers to it."""
-        if self._handlers.pop(fd, None) is not None:
+        if self._handlers.pop(fd, None) is not None and not self._epoll.closed:
             self._epoll.unregister(fd)
+
+    def later(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` at the end of this pass (at once outside one): what the pass sends to one
+        worker goes in one write."""
+        if self._in_pass:
+            self._later.append(callback)
+        else:
+            callback()
 
     def call_at(self, deadline: float, callback: Callable[[], None]) -> Timer:
         timer = Timer(self, deadline, callback)
@@ -96,14 +106,28 @@ class Reactor:
         while True:
             with trio.CancelScope(deadline=self._next_deadline()):
                 await trio.lowlevel.wait_readable(epoll_fd)
-            for fd, mask in self._epoll.poll(0, MAX_EVENTS):
-                handler = self._handlers.get(fd)
-                if handler is not None:
-                    self._call(fd, handler, mask)
-            self._run_timers(trio.current_time())
+            self._in_pass = True
+            try:
+                for fd, mask in self._epoll.poll(0, MAX_EVENTS):
+                    handler = self._handlers.get(fd)
+                    if handler is not None:
+                        self._call(fd, handler, mask)
+                self._run_timers(trio.current_time())
+            finally:
+                self._in_pass = False
+                self._run_later()
+
+    def _run_later(self) -> None:
+        while self._later:
+            callbacks, self._later = self._later, []
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("a deferred callback failed")
 
     def close(self) -> None:
-        """Once ``run`` has ended and its sockets are closed."""
+        """Once ``run`` has ended (what is still registered then is only forgotten)."""
         self._epoll.close()
 
     def _call(self, fd: int, handler: Callable[[int], None], mask: int) -> None:

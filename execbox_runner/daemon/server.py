@@ -267,6 +267,7 @@ class Daemon:
                 f"refusing to serve {settings.host} without authentication: configure --tokens-file (or --tokens), or pass --allow-unauthenticated true"
             )
         self.tls = tls_context(settings)
+        self.reactor = Reactor()
         self.pool = WorkerPool(
             warm=settings.warm_workers,
             max_workers=settings.max_workers,
@@ -276,6 +277,7 @@ class Daemon:
             max_frame=2 * settings.max_output_bytes + (1 << 20),
             worker_args=worker_arguments(settings),
             abandon_grace=ABANDON_GRACE_S,
+            reactor=self.reactor,
         )
         self.record_dir = record_directory(settings)
         self.report = host_report(settings)
@@ -293,8 +295,8 @@ class Daemon:
             separate_metrics=bool(settings.metrics_port),
         )
         self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
-        self.reactor = Reactor()
         self.connections: set[Connection] = set()
+        self.acceptors: list[Acceptor] = []
         # Every daemon process raises its own descriptor limit (a supervisor's shards too).
         self.handshakes = Handshakes(handshake_limit(raise_open_files()), self.state.refusals)
 
@@ -323,6 +325,7 @@ class Daemon:
                 "cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed"
             )
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_reactor)  # first: it reads the workers' channels too
             await nursery.start(self.pool.run)
             self.state.pool_ready = True
             listeners = await listen(self.settings.host, self.settings.port, reuse_port=is_shard())
@@ -342,7 +345,13 @@ class Daemon:
             if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
                 nursery.start_soon(self._publish_live_state)
             task_status.started((host, port))
-            nursery.start_soon(self._serve_network, listeners, scrapers, nursery)
+            self.acceptors += [
+                *(
+                    Acceptor(self.reactor, item, self._connector(nursery, scrape=False), self._shed)
+                    for item in listeners
+                ),
+                *(Acceptor(self.reactor, item, self._connector(nursery, scrape=True), self._shed) for item in scrapers),
+            ]
 
     def _announce(self, listeners: list[Listener], scrapers: list[Listener]) -> None:
         """The start-up line: where this daemon process serves, within which limits and with
@@ -405,23 +414,13 @@ class Daemon:
             extra=fields,
         )
 
-    async def _serve_network(self, listeners: list[Listener], scrapers: list[Listener], nursery: trio.Nursery) -> None:
-        """The reactor's task: accept on every listener and serve every connection until cancelled;
-        then close them all (an execution still running is abandoned, its worker told to abort)."""
-        acceptors = [
-            *(
-                Acceptor(self.reactor, listener, self._connector(nursery, scrape=False), self._shed)
-                for listener in listeners
-            ),
-            *(
-                Acceptor(self.reactor, listener, self._connector(nursery, scrape=True), self._shed)
-                for listener in scrapers
-            ),
-        ]
+    async def _run_reactor(self) -> None:
+        """The reactor's task: every network socket, and the workers' channels, until cancelled; then
+        every connection is closed (an execution still running is abandoned, its worker told to abort)."""
         try:
             await self.reactor.run()
         finally:
-            for acceptor in acceptors:
+            for acceptor in self.acceptors:
                 acceptor.close()
             for connection in list(self.connections):
                 connection.abort()

@@ -1,0 +1,341 @@
+"""The worker processes as the daemon sees them: each one's channel, the leases on it, how it ended.
+
+A worker hosts many executions at once, each in its own QuickJS runtime: an
+execution holds a ``Lease`` (a slot in one worker), not a process, so an
+execution parked on a slow tool costs a runtime's memory and nothing else.
+
+A worker's channel is read by the reactor: each frame goes, at once, to the
+pool's router and from there to the receiver of its slot's lease (the
+session's connection). Frames to a worker are queued as the reactor's pass
+produces them and written together at its end; what the channel does not take
+is written in order by the worker's writer task, and a worker that has not
+taken it within ``SEND_TIMEOUT_S`` is killed. A worker is untrusted: whatever
+it sends is bounded (``max_frame``) and checked, and a worker that floods a
+slot's host is lost (``LEASE_BACKLOG_BYTES``).
+
+Every worker exit is one log line saying why, and is counted by reason: stopped
+by the daemon (a label of ``STOPPED``), or died on its own (``signal_SIGSEGV``;
+``signal_SIGKILL``: not the daemon's, so perhaps the OOM killer; ``cpu_limit``:
+its RLIMIT_CPU backstop; ``exit_N``), or ``unknown`` (``exit_cause``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+from collections.abc import Callable
+from typing import Final, Literal, NamedTuple, Protocol, TypeAlias
+
+import trio
+
+from ..protocol import ipc
+from .reactor import READ, Reactor
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S: Final = 30.0
+# A tenant's worker with no execution for this long is stopped (the default tenant keeps its warm ones).
+TENANT_IDLE_S: Final = 30.0
+# A retired worker still holding an aborted execution this long after its grace is stuck: killed.
+STUCK_KILL_S: Final = 30.0
+# What a slot's host may have left unread of what its worker sent before the worker is judged to be
+# flooding it: a guest's tool calls and logs each fit a message, and a host reads them as they come.
+LEASE_BACKLOG_BYTES: Final = 64 << 20
+# A worker that does not take a frame for this long has stopped reading its channel.
+SEND_TIMEOUT_S: Final = 10.0
+# How long a worker has to report its heaps when the memory budget is spent.
+MEASURE_TIMEOUT_S: Final = 1.0
+
+
+class ExitCause(NamedTuple):
+    """How a worker ended: the label counted in ``WorkerPool.exit_reasons``, a log level, words."""
+
+    reason: str
+    level: int
+    text: str
+
+
+StopReason: TypeAlias = Literal["retired", "idle", "slow_abort", "stuck", "misbehaved", "start_timeout", "shutdown"]
+# Why the daemon stops a worker (``Worker.kill``): each reason's log level and words.
+STOPPED: Final[dict[StopReason, tuple[int, str]]] = {
+    "retired": (logging.INFO, "stopped by the daemon: retired after its lifetime of executions"),
+    "idle": (logging.INFO, f"stopped by the daemon: idle in its tenant's service for {TENANT_IDLE_S:g} s"),
+    "slow_abort": (logging.WARNING, "stopped by the daemon: retired for being slow to let go of an aborted execution"),
+    "stuck": (logging.WARNING, f"killed by the daemon: still stuck in an aborted execution {STUCK_KILL_S:g} s later"),
+    "misbehaved": (logging.WARNING, "killed by the daemon: it sent something invalid or closed its channel"),
+    "start_timeout": (logging.WARNING, f"killed by the daemon: not ready {READY_TIMEOUT_S:g} s after its start"),
+    "shutdown": (logging.INFO, "stopped by the daemon: shutting down"),
+}
+
+
+def exit_cause(status: int | None, killed: StopReason | None, cpu_limit: bool = False) -> ExitCause:
+    """How a worker with wait ``status`` (None: never reported) ended; ``killed`` is why the daemon
+    sent it SIGKILL, if it did; ``cpu_limit``: the kernel's SIGKILL at its RLIMIT_CPU, as its zygote
+    saw. A SIGKILL the daemon did not send, or any other end, is the worker's own."""
+    if cpu_limit:
+        return ExitCause("cpu_limit", logging.WARNING, "killed by the kernel at its CPU-time backstop (RLIMIT_CPU)")
+    if status is None:
+        return ExitCause("unknown", logging.WARNING, "exited; how is unknown (no exit status reached the daemon)")
+    if os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        return ExitCause(f"exit_{code}", logging.WARNING, f"exited on its own with status {code}")
+    number = os.WTERMSIG(status)
+    if number == signal.SIGKILL and killed is not None:
+        return ExitCause(killed, *STOPPED[killed])
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"SIG{number}"
+    text = f"died of {name} ({signal.strsignal(number)})"
+    if number == signal.SIGKILL:
+        text += ", not sent by the daemon: the kernel's OOM killer, or someone else"
+    elif number == signal.SIGXCPU:
+        text += ", from its CPU-time backstop (RLIMIT_CPU)"
+    return ExitCause(f"signal_{name}", logging.WARNING, text)
+
+
+class WorkerLost(Exception):
+    """The worker's channel closed or carried something that is not a worker message."""
+
+
+class ChannelClosed(WorkerLost):
+    """The worker's channel closed: usually because the worker is exiting."""
+
+
+Router: TypeAlias = Callable[["Worker", int, ipc.FromWorker], None]
+
+
+class Worker:
+    """One worker process, its channel and the executions it hosts."""
+
+    def __init__(self, pid: int, pidfd: int, channel: socket.socket, max_frame: int, reactor: Reactor) -> None:
+        self.pid = pid  # for reading its memory from /proc; signals go through the pidfd
+        self.pidfd = pidfd
+        channel.setblocking(False)
+        self.channel = channel
+        self.max_frame = max_frame
+        self.tenant: str | None = None  # a spare until an execution's tenant claims it
+        self.leases: dict[int, Lease] = {}
+        self.started = 0  # executions given to this worker over its life
+        self.retiring: StopReason | None = None  # why it takes no new executions; stopped once its last one ends
+        self.ready = False  # said Ready: it takes executions
+        self.alive = True
+        self.kill_reason: StopReason | None = None  # why the daemon sent it SIGKILL
+        self.gone = trio.Event()  # the process has exited
+        self.cause: ExitCause | None = None  # how it ended, once known (None: the pool stopped first)
+        self.idle_since = trio.current_time()
+        self.settled = trio.Event()  # it said Ready, or its channel ended first
+        self.ended = trio.Event()  # its channel ended: ``end`` says how
+        self.end: WorkerLost | None = None
+        self._reactor = reactor
+        self._route: Router | None = None
+        self._next_slot = 0
+        self._frames = ipc.Unframer(max_frame)
+        self._queued: list[bytes] = []  # frames of the reactor's current pass, written at its end
+        self._backlog: list[bytes] = []  # frames the channel has not taken yet, for the writer task
+        self._writing = False  # the writer task holds frames it is writing
+        self._wake_writer = trio.Event()
+        self._heaps: ipc.Heaps | None = None  # its answer to the last Measure
+        self._measured = trio.Event()
+
+    def lease(self) -> Lease:
+        self._next_slot += 1
+        lease = self.leases[self._next_slot] = Lease(self, self._next_slot)
+        self.started += 1
+        return lease
+
+    async def heaps(self) -> list[tuple[Lease, int]]:
+        """Each running execution's lease and the bytes its heap holds, as the worker reports them;
+        nothing if it does not answer within ``MEASURE_TIMEOUT_S``. A worker could lie here: what
+        bounds it regardless is its address-space limit (see ``server.worker_heap_bytes``)."""
+        self._heaps, self._measured = None, trio.Event()
+        self.send(0, ipc.Measure())
+        with trio.move_on_after(MEASURE_TIMEOUT_S):
+            await self._measured.wait()
+        sizes: list[tuple[int, int]] = self._heaps.sizes if self._heaps is not None else []
+        leases = ((self.leases.get(slot), size) for slot, size in sizes)
+        return [
+            (lease, size) for lease, size in leases if lease is not None and not (lease.finished or lease.abandoned)
+        ]
+
+    def measured(self, heaps: ipc.Heaps) -> None:
+        self._heaps = heaps
+        self._measured.set()
+
+    # ------------------------------------------------------------------ reading
+
+    def attach(self, route: Router) -> None:
+        """From now on the reactor reads the channel, and each frame goes to ``route`` (which raises
+        WorkerLost for a frame that concerns nobody it may) until the channel ends."""
+        self._route = route
+        self._reactor.register(self.channel.fileno(), READ, self._readable)
+
+    def _readable(self, _mask: int) -> None:
+        try:
+            chunk = self.channel.recv(max(65536, self._frames.missing()))
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self.lose(ChannelClosed(str(exc)))
+            return
+        if not chunk:
+            self.lose(ChannelClosed("worker channel closed"))
+            return
+        self._frames.feed(chunk)
+        assert self._route is not None
+        try:
+            while self.end is None and (body := self._frames.next()) is not None:
+                try:
+                    slot, message = ipc.from_worker_decoder.decode(body)
+                except Exception as exc:
+                    raise WorkerLost(f"undecodable worker message: {exc}") from None
+                self._route(self, slot, message)
+        except ipc.FrameTooLarge as exc:
+            self.lose(WorkerLost(f"worker frame of {exc.length} bytes exceeds {self.max_frame}"))
+        except WorkerLost as exc:
+            self.lose(exc)
+
+    def lose(self, reason: WorkerLost) -> None:
+        """Its channel ended (or carried what it may not): nothing more is read from it."""
+        if self.end is None:
+            self.end = reason
+            self._reactor.unregister(self.channel.fileno())
+            self.settled.set()
+            self.ended.set()
+
+    def close(self) -> None:
+        self.lose(ChannelClosed("closed by the daemon"))
+        self.channel.close()
+
+    # ------------------------------------------------------------------ writing
+
+    def send(self, slot: int, message: ipc.ToWorker) -> None:
+        """Send one frame after those sent before it: written with the others of the reactor's pass
+        at its end, in one system call (at once outside a pass). The channel takes them whole unless
+        the worker has stopped reading; the rest goes through the writer task (a frame is never cut
+        short: half of one would garble the channel for every execution on it). A broken channel is
+        not the sender's to report: its reading ends, and every lease learns."""
+        self._queued.append(ipc.frame(slot, message))
+        if len(self._queued) == 1:
+            self._reactor.later(self._flush)
+
+    def _flush(self) -> None:
+        data = self._queued[0] if len(self._queued) == 1 else b"".join(self._queued)
+        self._queued = []
+        if self._backlog or self._writing:
+            self._backlog.append(data)
+            return
+        try:
+            sent = os.write(self.channel.fileno(), data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            return  # broken or closed: its reading ends, and every lease learns
+        if sent < len(data):
+            self._backlog.append(data[sent:])
+            self._wake_writer.set()
+
+    async def write_backlog(self) -> None:
+        """The writer task: write what the channel did not take at once, in order, until cancelled; a
+        worker that has not taken it within ``SEND_TIMEOUT_S`` is killed."""
+        fd = self.channel.fileno()
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer = trio.Event()
+            self._writing = True
+            try:
+                with trio.move_on_after(SEND_TIMEOUT_S) as scope:
+                    while self._backlog:
+                        data = memoryview(b"".join(self._backlog))
+                        self._backlog = []
+                        while data:
+                            await trio.lowlevel.wait_writable(fd)
+                            try:
+                                data = data[os.write(fd, data) :]
+                            except BlockingIOError:
+                                continue
+                            except OSError:
+                                return  # broken: its reading ends, and every lease learns
+            finally:
+                self._writing = False
+            if scope.cancelled_caught:
+                log.warning("worker %d did not read its channel for %g s; killing it", self.pid, SEND_TIMEOUT_S)
+                self.kill("stuck")
+                return
+
+    # ------------------------------------------------------------------ the process
+
+    def kill(self, reason: StopReason) -> None:
+        """SIGKILL it, for ``reason``, unless it has exited already (then how it ended is its own)."""
+        self.alive = False
+        if self.pidfd < 0 or _readable(self.pidfd):
+            return
+        self.kill_reason = self.kill_reason or reason
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone
+
+    async def exited(self) -> None:
+        """Return once the process has exited (it need not be our child)."""
+        if self.pidfd >= 0:
+            await trio.lowlevel.wait_readable(self.pidfd)
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` is readable now (a pidfd: its process has exited). poll, not select: any fd number."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class LeaseReceiver(Protocol):
+    """Who takes a lease's messages from its worker: the execution's connection."""
+
+    @property
+    def backlog(self) -> int:
+        """Bytes it has sent its host that the host has not taken yet."""
+
+    def worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None: ...
+
+    def worker_lost(self, lease: Lease, reason: WorkerLost) -> None: ...
+
+
+class Lease:
+    """One execution's slot in a worker; the worker's messages for it go to its ``receiver`` at once.
+
+    A message arrives while its receiver's host may still be reading the last ones: a worker whose
+    messages pile up unread there (``LEASE_BACKLOG_BYTES``) is judged to be flooding the slot.
+    """
+
+    __slots__ = ("abandoned", "finished", "receiver", "run_sent", "slot", "worker")
+
+    def __init__(self, worker: Worker, slot: int) -> None:
+        self.worker = worker
+        self.slot = slot
+        self.finished = False  # the worker has sent this slot's Finished
+        self.abandoned = False  # given up before it finished; the worker was told to abort
+        self.run_sent = False  # the Run was sent: the worker knows this slot
+        self.receiver: LeaseReceiver | None = None
+
+    def send(self, message: ipc.ToWorker) -> None:
+        """Send ``message`` for this slot (see ``Worker.send``)."""
+        if isinstance(message, ipc.Run):
+            self.run_sent = True
+        self.worker.send(self.slot, message)
+
+    def deliver(self, message: ipc.ToolCalls | ipc.Finished) -> None:
+        receiver = self.receiver
+        if receiver is None:
+            return
+        if receiver.backlog > LEASE_BACKLOG_BYTES:
+            raise WorkerLost(f"worker flooded slot {self.slot}")
+        receiver.worker_message(self, message)
+
+    def lose(self, reason: WorkerLost) -> None:
+        """The worker is gone: the receiver learns it."""
+        if self.receiver is not None:
+            self.receiver.worker_lost(self, reason)
