@@ -5,6 +5,7 @@ a peer that stops reading is dropped, a close waits for what is left and lingers
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import ssl
 import tempfile
@@ -163,3 +164,20 @@ async def test_tls_is_handshaken_then_carries_both_ways_and_closes_with_close_no
                 transport.write(b"hello back")
                 transport.close()
             assert answers == [b"hello back"] and recorder.losses == []
+
+
+async def test_what_one_pass_writes_to_a_peer_goes_at_its_end_in_one_write() -> None:
+    """Frames for one host within a pass (a guest's several tool calls) cost one system call."""
+    async with served() as (transport, _recorder, peer):
+        unsent: list[bool] = []
+
+        def write_three() -> None:
+            for part in (b"one ", b"two ", b"three"):
+                transport.write(part)
+            if not select.select([peer], [], [], 0)[0]:
+                unsent.append(True)  # nothing written yet, within the pass
+
+        transport._reactor.call_at(trio.current_time(), write_three)
+        with trio.fail_after(WAIT_S):
+            await trio.lowlevel.wait_readable(peer)
+        assert unsent == [True] and peer.recv(100) == b"one two three"

@@ -1,7 +1,8 @@
 """One accepted connection's bytes, plain or TLS, served by the reactor.
 
-What arrives is handed to the connection as it arrives. A write is offered to
-the kernel at once, which takes it whole unless the peer has stopped reading;
+What arrives is handed to the connection as it arrives. What the reactor's
+pass writes to a peer goes to the kernel in one system call at the pass's end
+(at once outside a pass), which takes it whole unless the peer has stopped reading;
 whatever it does not take waits, in order, and meanwhile nothing more is read
 from the peer (a peer cannot make the daemon buffer answers it does not read).
 If the peer has not taken it all within the send timeout it is dropped. A close
@@ -49,6 +50,8 @@ class Transport:
         "_backlog",
         "_closing",
         "_linger_s",
+        "_queued",
+        "_queued_bytes",
         "_reactor",
         "_receiver",
         "_send_timeout",
@@ -76,6 +79,8 @@ class Transport:
         self.fd = sock.fileno()
         self._receiver = receiver
         self._send_timeout = send_timeout
+        self._queued: list[bytes] | None = None  # written in this pass of the reactor, for its end
+        self._queued_bytes = 0
         self._backlog: bytearray | None = None  # what the kernel has not taken yet, in order
         self._timer: Timer | None = None  # the send timeout while backlogged; the linger's bound
         self._closing = False  # close once the backlog is written
@@ -96,7 +101,7 @@ class Transport:
     @property
     def backlog(self) -> int:
         """Bytes written that the peer has not taken yet."""
-        return len(self._backlog) if self._backlog is not None else 0
+        return self._queued_bytes + (len(self._backlog) if self._backlog is not None else 0)
 
     def has_sent(self) -> bool:
         """Whether bytes from the peer wait unread (peeked, not consumed)."""
@@ -111,6 +116,18 @@ class Transport:
         """Send ``data`` after what was written before it (see the module docstring)."""
         if not self.open or self._closing:
             return
+        self._queued_bytes += len(data)
+        if self._queued is not None:
+            self._queued.append(data)
+            return
+        self._queued = [data]
+        self._reactor.later(self._flush)
+
+    def _flush(self) -> None:
+        queued, self._queued, self._queued_bytes = self._queued, None, 0
+        if not queued or not self.open:
+            return
+        data = queued[0] if len(queued) == 1 else b"".join(queued)
         if self._tls is not None:
             try:
                 self._tls.write(data)
@@ -230,6 +247,9 @@ class Transport:
         close frame. TLS has no half-close, so there is nothing to linger for."""
         if not self.open or self._closing:
             return
+        self._flush()
+        if self.fd < 0:  # the flush found the connection broken
+            return
         self._closing = True
         if linger_s is not None and self._tls is None:
             self._linger_s = linger_s
@@ -268,7 +288,7 @@ class Transport:
         self._cancel_timer()
         self._reactor.unregister(self.fd)
         self.fd = -1
-        self._backlog = None
+        self._queued, self._queued_bytes, self._backlog = None, 0, None
         self._sock.close()
 
     def _fail(self, reason: str) -> None:
