@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -63,6 +64,38 @@ def test_idle_sessions_are_closed(daemon: Daemon) -> None:
     with client(daemon.url) as ws, pytest.raises(ConnectionClosed) as closed:
         ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+
+
+UPGRADE = (
+    b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+def until_closed(sock: socket.socket) -> bytes:
+    """Everything the daemon sends until it closes the connection (bounded by the socket's timeout)."""
+    received = b""
+    while chunk := sock.recv(4096):
+        received += chunk
+    return received
+
+
+def test_a_host_that_never_answers_the_daemons_close_is_let_go_after_the_close_timeout() -> None:
+    """Whatever made the daemon close (an idle session, the drain), the host has --close-timeout to
+    answer its close frame; one that never does is disconnected, and the drain does not wait for it."""
+    with running_daemon("--idle-timeout", "0.3", "--close-timeout", "0.5", "--drain-grace", "0") as d:
+        port = int(d.url.rsplit(":", 1)[1].strip("/"))
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
+            idle.sendall(UPGRADE)
+            received = until_closed(idle)
+        assert received.startswith(b"HTTP/1.1 101") and b"\x88" in received  # its close frame, then the end
+        silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+        with silent:
+            silent.sendall(UPGRADE)
+            assert silent.recv(4096).startswith(b"HTTP/1.1 101")
+            d.process.send_signal(signal.SIGTERM)
+            assert b"\x88" in until_closed(silent)  # 1001, then the end: the host never answered
+        assert d.process.wait(timeout=20) == 0
 
 
 def test_sigterm_drains_lets_short_work_finish_and_cancels_the_rest() -> None:

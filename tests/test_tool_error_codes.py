@@ -1,4 +1,5 @@
-"""A host error code outside the stable set, over a real socket: the guest sees tool_error, the log the code."""
+"""Host error codes over a real socket: one outside the stable set is tool_error to the guest and in
+the log; a stable one (timeout too) reaches the done uncaught with the host's own message."""
 
 from __future__ import annotations
 
@@ -40,3 +41,15 @@ def test_unknown_host_code_rejects_the_guest_promise_and_is_logged() -> None:
     assert executions["caught"]["unknown_tool_error_codes"] == ["not_found"]
     assert executions["uncaught"]["unknown_tool_error_codes"] == ["rate_limited"]
     assert executions["uncaught"]["error_code"] == "tool_error"
+
+
+def test_an_uncaught_host_timeout_keeps_the_hosts_message() -> None:
+    """Found through execbox's host: a tool failing with ``timeout`` read "Execution timed out"."""
+    with running_daemon() as d, client(d.url) as ws:
+        ws.send(execute("upstream", "await tools.hang({})"))
+        assert receive(ws)["type"] == "started"
+        fail_next_tool_call(ws, "timeout", "upstream timed out")
+        assert receive(ws)["error"] == {"code": "timeout", "message": "upstream timed out"}
+        ws.send(execute("own", "while (true) {}", timeoutMs=200))  # the runner's own deadline
+        assert receive(ws)["type"] == "started"
+        assert receive(ws)["error"] == {"code": "timeout", "message": "Execution timed out"}

@@ -181,3 +181,19 @@ async def test_what_one_pass_writes_to_a_peer_goes_at_its_end_in_one_write() -> 
         with trio.fail_after(WAIT_S):
             await trio.lowlevel.wait_readable(peer)
         assert unsent == [True] and peer.recv(100) == b"one two three"
+
+
+async def test_what_arrived_before_the_transport_was_made_is_read_at_once_when_asked() -> None:
+    """A host's request usually arrives with its connection: ``read_now`` takes it without waiting
+    for the reactor's next pass (which this test never runs)."""
+    reactor = Reactor()
+    ours, peer = tcp_pair()
+    with peer:
+        peer.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        select.select([ours], [], [], WAIT_S)
+        recorder = Recorder()
+        transport = Transport(reactor, ours, recorder, send_timeout=1.0)
+        transport.read_now()
+        assert recorder.data == b"GET / HTTP/1.1\r\n\r\n"
+        transport.abort()
+    reactor.close()

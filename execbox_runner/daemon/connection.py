@@ -130,6 +130,11 @@ class Connection:
             except Exception:
                 log.exception("connection failed to end")
 
+    def start(self) -> None:
+        """Read what the host has sent already (its handshake request, usually): the reactor would
+        report it only on its next pass."""
+        self._guarded(self.transport.read_now)
+
     def received(self, data: bytes) -> None:
         self._guarded(self._received, data)
 
@@ -363,6 +368,8 @@ class Connection:
         self._closed_by_us = True
         self._record(lambda recorder: recorder.runner_close(code))
         self._flush()
+        if self._close_deadline == math.inf:  # the host has this long to answer it
+            self._close_deadline = trio.current_time() + self.settings.close_timeout
 
     def _flush(self) -> None:
         """Send what the protocol has queued (the transport bounds it in time)."""
@@ -471,7 +478,6 @@ class Connection:
         if self._idle_since is not None and now >= self._idle_since + self.settings.idle_timeout:
             self._idle_since = None
             self._close(CLOSE_NORMAL, f"no execute within {self.settings.idle_timeout:g} s")
-            self._close_deadline = now + self.settings.close_timeout
             self._rearm_timer()
             return
         self._perform(self.session.timer(now))

@@ -9,6 +9,7 @@ each time the listening socket is ready, each with its peer's address from
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 from collections.abc import Callable
 from typing import Final
@@ -16,6 +17,8 @@ from typing import Final
 import trio
 
 from .reactor import READ, Reactor
+
+log = logging.getLogger(__name__)
 
 BACKLOG: Final = 4096
 # Connections accepted in one step at most: a flood of connections still lets the sessions run.
@@ -117,8 +120,8 @@ class Acceptor:
     with its peer's address.
 
     Out of descriptors, ``out_of_descriptors(error)`` is asked to free one: True, and the next
-    accept is tried at once; False, and accepting pauses ``RETRY_S``. Any other error from
-    ``accept_now`` is the reactor's to log, and this listener accepts no more.
+    accept is tried at once; False, and accepting pauses ``RETRY_S``. Any other error is logged,
+    and accepting pauses ``RETRY_S`` too: a listener never stops for good.
     """
 
     def __init__(
@@ -139,10 +142,10 @@ class Acceptor:
             try:
                 accepted = self._listener.accept_now()
             except OSError as exc:
-                if exc.errno not in OUT_OF_DESCRIPTORS:
-                    raise
-                if self._out_of_descriptors(exc):
+                if exc.errno in OUT_OF_DESCRIPTORS and self._out_of_descriptors(exc):
                     continue
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    log.error("cannot accept a connection: %s", exc)
                 self._reactor.unregister(self._listener.fileno())
                 self._reactor.call_at(trio.current_time() + RETRY_S, self._resume)
                 return

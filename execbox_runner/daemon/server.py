@@ -447,6 +447,7 @@ class Daemon:
             )
             self.handshakes.add(connection)
             self.connections.add(connection)
+            connection.start()
 
         return connect
 

@@ -183,9 +183,15 @@ class Transport:
 
     # ------------------------------------------------------------------ reading
 
-    def _ready(self, mask: int) -> None:
-        if mask & WRITE and self._backlog is not None:
+    def _ready(self, _mask: int) -> None:
+        if self._backlog is not None:  # writable, or broken: the write says which
             self._drain()
+        else:
+            self.read_now()
+
+    def read_now(self) -> None:
+        """Read what has arrived, if anything, and hand it on."""
+        if not self.open or self._backlog is not None:
             return
         try:
             data = os.read(self.fd, RECEIVE_BYTES)

@@ -336,10 +336,9 @@ class Session:
             except BadJSON as exc:
                 return self.worker_lost(now, f"worker sent an invalid result ({exc})", misbehaved=True)
             return self._conclude(now, release, result=result)
-        code = message.code or "internal_error"
-        if code == "timeout":
-            return self._finish_timeout(now, release)
-        return self._conclude(now, release, code, message.message)
+        # A timeout reported by the worker is its own deadline (the message says so) or a host's failing
+        # tool_result with code timeout, which keeps the host's message like any other.
+        return self._conclude(now, release, message.code or "internal_error", message.message)
 
     def worker_lost(
         self, now: float, detail: str = "worker process exited unexpectedly", *, misbehaved: bool = False
