@@ -4,15 +4,16 @@ Runs the throughput load (``1+1``, a fresh connection per execution, the raw
 client) at ``--concurrency`` against two servers in alternated rounds:
 
 * the floor server (``benchkit.floor_server``): the daemon's own socket path
-  (burst accept, handshake fast path, websockets' frames, whole writes) answering
-  each ``execute`` with ``started`` and ``done`` and nothing behind them;
+  (the reactor, burst accept, the transport, the handshake fast path, websockets'
+  frames) answering each ``execute`` with ``started`` and ``done`` and nothing
+  behind them;
 * the daemon with default settings, its workers running every guest.
 
 It prints each side's CPU per execution, the daemon's excess over the floor, and
 the CPU this process spends making and freeing a bare QuickJS context (the
 least a worker does per execution). The floor plus that context is the least
-CPU per execution the whole tree can reach on this stack: trio and websockets
-in Python for the network side, a fresh QuickJS context per execution.
+CPU per execution the whole tree can reach on this stack: Python for the network
+side (one trio task, websockets' frames), a fresh QuickJS context per execution.
 
     python benchmarks/floor.py [--concurrency 64] [--duration 4] [--rounds 3]
 
