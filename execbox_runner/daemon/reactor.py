@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 READ: Final = select.EPOLLIN
 WRITE: Final = select.EPOLLOUT
-MAX_EVENTS: Final = 256  # sockets served per pass; the rest are served on the next
+MAX_EVENTS: Final = 64  # sockets served per pass (the rest on the next): the timers due run after a few ms at most
 COMPACT_AFTER: Final = 1024  # cancelled timers the heap may hold before it is rebuilt without them
 
 
