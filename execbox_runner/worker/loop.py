@@ -353,33 +353,43 @@ class Worker:
         """(The standby.) Return once ``me`` has taken the lead from a leader whose step is long:
         one that has used ``TURN_CHECK_S`` of CPU or lasted ten times as long. Checks at once, then
         this often while the leader runs steps; after a check that found it idle since the one
-        before, waits until it steps again."""
+        before, waits until it steps again.
+
+        The checks take no lock (the leader holds it often): only the standby moves the lead, so
+        ``leader`` stays, and what a check reads of it is confirmed under the lock before
+        taking over."""
+        leader = self.leader
+        assert leader is not None  # the first runner to start leads
         seen = -1
         while True:
-            waking = None
-            with self.lock:
-                leader = self.leader
-                assert leader is not None  # only a standby's taking over moves the lead
+            batches = self.batches
+            if self.stepping:
                 step = leader.step
-                if not self.stepping and self.batches == seen:
-                    self.sleeping = me
-                seen = self.batches
-                sleeping = self.sleeping is me
-            if sleeping:
-                me.wake.acquire()
-                continue
-            if self.stepping and _long(leader, step):
-                with self.lock:
-                    if self.leader is leader and self.stepping and leader.step is step:
-                        self.running += 1  # its step goes on, without the lead
-                        self.leader, self.stepping = me, False
-                        self.standby = self.idle.pop() if self.idle else None
-                        waking = self.standby
-                if waking is not None:
-                    waking.wake.release()
-                if self.leader is me:
+                if _long(leader, step) and self._take_lead(me, leader, step):
                     return
+            elif batches == seen:
+                with self.lock:
+                    if not self.stepping and self.batches == seen:
+                        self.sleeping = me
+                    sleeping = self.sleeping is me
+                if sleeping:
+                    me.wake.acquire()
+                    continue
+            seen = batches
             time.sleep(TURN_CHECK_S)
+
+    def _take_lead(self, me: Runner, leader: Runner, step: tuple[float, float]) -> bool:
+        """(The standby.) Take the lead if ``leader`` is still in ``step``; another runner stands by."""
+        with self.lock:
+            if not self.stepping or leader.step is not step:
+                return False
+            self.running += 1  # its step goes on, without the lead
+            self.leader, self.stepping = me, False
+            self.standby = self.idle.pop() if self.idle else None
+            waking = self.standby
+        if waking is not None:
+            waking.wake.release()
+        return True
 
     def _prepare_spare(self) -> bool:
         """(Leading, nothing ready.) Make the next execution's runtime now, before its Run
