@@ -7,6 +7,7 @@ replaced the guest function with its own.
 
 import pytest
 
+from execbox_runner.worker.guest import GuestRun
 from execbox_runner.worker.normalize import normalize
 
 from .guestkit import error, run, value
@@ -48,3 +49,22 @@ def test_the_standalone_body_throws_before_anything_in_it_runs() -> None:
     assert program.standalone.startswith("throw 0;")
     assert program.standalone.count(program.body) == program.source.count(program.body) == 1
     assert value(run("[typeof main, Object.keys(globalThis).includes('main')]")) == ["undefined", False]
+
+
+def test_a_body_without_a_closing_brace_is_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It cannot close a block, so it skips the standalone parse, which only reports its syntax error."""
+    parsed: list[str] = []
+    parse_alone = GuestRun._parse_alone
+
+    def counted(guest: GuestRun) -> None:
+        parsed.append(guest.program.body)
+        parse_alone(guest)
+
+    monkeypatch.setattr(GuestRun, "_parse_alone", counted)
+    assert value(run("6 * 7")) == 42
+    assert parsed == []
+    assert value(run("({ a: 6 * 7 }).a")) == 42
+    assert parsed == ["return (({ a: 6 * 7 }).a);"]
+    parsed.clear()
+    assert error(run("a b")) == ("runtime_error", "expecting ';' (line 1, column 3)")
+    assert parsed == ["a b"]

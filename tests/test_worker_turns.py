@@ -1,5 +1,5 @@
-"""Runners take turns (``loop.Worker._runner``): the one holding the turn runs short steps while
-another stands by, and a long step lets the others go on without it."""
+"""Runners take turns leading (``loop.Worker._runner``): the leader reads the channel and runs short
+steps while another stands by, which takes the lead when a step turns long."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import loop
-from execbox_runner.worker.guest import GuestRun, Runtime
-from execbox_runner.worker.loop import TURN_CHECK_S, Worker, recv_exactly
+from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun, Runtime
+from execbox_runner.worker.loop import TURN_CHECK_S, Runner, Worker, recv_exactly
 
 from .guestkit import run_message
 from .test_sandbox import receive, start_worker
@@ -35,6 +35,32 @@ def test_a_guest_spinning_with_the_turn_holds_up_no_neighbour() -> None:
         spinner = receive(sock, 1)
         assert isinstance(spinner, ipc.Finished) and spinner.code == "timeout"
     process.wait(timeout=30)
+
+
+def test_with_every_runner_spinning_an_abort_is_read_and_a_waiting_run_goes_on_after() -> None:
+    # The runner threads are one more than --threads: the last one reads the channel.
+    process, sock = start_worker("--max-memory", str(64 << 20), "--threads", "2")
+    with sock:
+        assert isinstance(receive(sock), ipc.Ready)
+        sock.sendall(ipc.frame(1, run_message("console.log('one'); while (true) {}", budget=30)))
+        sock.sendall(ipc.frame(2, run_message("while (true) {}", budget=30)))
+        time.sleep(0.1)  # both runners took a spinning guest
+        sock.sendall(ipc.frame(3, run_message("6 * 7", budget=30)) + ipc.frame(1, ipc.Abort()))
+        finished = dict(_messages(sock, 2))
+        assert finished[1] == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, ["one"])
+        assert finished[3] == ipc.Finished(True, b"42", None, "", [])
+        sock.sendall(ipc.frame(2, ipc.Abort()))
+        assert receive(sock, 2) == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
+    process.wait(timeout=30)
+
+
+def _messages(sock: socket.socket, count: int) -> list[tuple[int, ipc.FromWorker]]:
+    """The worker's next ``count`` messages, for whichever slots."""
+    messages = []
+    for _ in range(count):
+        (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+        messages.append(ipc.from_worker_decoder.decode(recv_exactly(sock, length)))
+    return messages
 
 
 def test_runs_sent_at_once_all_finish_beside_a_spinning_guest() -> None:
@@ -116,18 +142,16 @@ class _SlowToMake(GuestRun):
 def test_making_a_guest_never_counts_as_a_long_step(monkeypatch: pytest.MonkeyPatch) -> None:
     # A loaded worker once counted it: every runner went on without the turn, and contended for the GIL.
     monkeypatch.setattr(loop, "GuestRun", _SlowToMake)
-    went_on: list[bool] = []
+    taken: list[bool] = []
 
     def count(worker: Worker) -> None:
-        take_turn = worker._take_turn
+        stand_by = worker._stand_by
 
-        def counted(clock: int) -> bool:
-            taken = take_turn(clock)
-            if not taken:
-                went_on.append(True)
-            return taken
+        def counted(me: Runner) -> None:
+            stand_by(me)  # returns once it has taken the lead from a leader in a long step
+            taken.append(True)
 
-        worker._take_turn = counted  # type: ignore[method-assign]
+        worker._stand_by = counted  # type: ignore[method-assign]
 
     _, sock, thread = _served(4, count)
     runs = 40
@@ -138,4 +162,4 @@ def test_making_a_guest_never_counts_as_a_long_step(monkeypatch: pytest.MonkeyPa
             _, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
             assert isinstance(message, ipc.Finished) and message.ok, message
     thread.join(timeout=5)
-    assert went_on == []
+    assert taken == []

@@ -209,8 +209,7 @@ class GuestRun:
         assert run is not None, "started twice"
         try:
             self._arm()
-            self._parse_alone()
-            main = self.context.eval(self.program.source)  # runs nothing of the guest's yet
+            main = self._evaluate()
             self._arm()
             providers = msgspec.json.encode(run.providers).decode()
             self.api("start", main, providers, run.max_log_lines, run.max_log_chars, _BOOTSTRAP_KEY)
@@ -220,6 +219,24 @@ class GuestRun:
         except _Interrupted:
             return self._interrupted()
         return self.step()
+
+    def _evaluate(self) -> quickjs.Object:
+        """The guest function, from ``source``; it runs nothing of the guest's yet.
+
+        The guest's text must never reach ``source`` where its braces could close the wrapper,
+        so a body is parsed alone first; but one without a ``}`` cannot close it (no token of it
+        is a closing brace), and is evaluated at once: a trivial execution's second compile. It
+        is parsed alone only if it does not evaluate, so that its syntax error is the one every
+        other body reports.
+        """
+        if "}" in self.program.body:
+            self._parse_alone()
+            return self.context.eval(self.program.source)
+        try:
+            return self.context.eval(self.program.source)
+        except quickjs.JSException:
+            self._parse_alone()
+            raise
 
     def _parse_alone(self) -> None:
         """Raise QuickJS's SyntaxError unless the body parses as one function body (see ``normalize``).

@@ -7,22 +7,28 @@ processes and new threads) and says ``Ready``.
 
 Every frame on the channel carries a slot number: one slot is one execution,
 with its own QuickJS runtime, heap and memory limit. An execution parked on a
-tool call holds no thread, only its runtime. When a message arrives for a
-slot, the slot is handed to the runner threads, which run its steps in order
-(one thread at a time per runtime). Short steps run one runner at a time, in
-turn (see ``Worker._runner``: threads contending for the GIL cost more than
-the steps); a long one, a guest computing or spinning, lets the others go on
-without the turn, and runs in parallel with them, since QuickJS releases the
-GIL while JavaScript runs. A guest spinning on the CPU holds one runner thread
-and nothing else, so its neighbours resume on the others.
+tool call holds no thread, only its runtime. Its messages are run in order, as
+steps, by one runner thread at a time.
 
-The main thread reads the channel. An ``Abort`` for a slot whose guest code is
-running is also given to the interrupter thread, which pokes that runtime
-(``native.py``) until the guest has unwound, so a spinning guest still hands
-over its logs. The interrupter also stops every guest still running at its
-wall-clock deadline, so the worker enforces ``timeoutMs`` itself as well as
-the daemon. Workers run at a lower scheduling priority than the daemon: a
-storm of spinning guests cannot delay a ``done`` or a ``cancel``.
+The runner threads take turns leading (see ``Worker._runner``): the leader
+reads the channel and runs the short steps itself, one after another, so a
+trivial execution costs no hand-off between threads (threads handing work and
+the GIL to each other cost more than the steps). Another runner stands by and
+watches the leader's steps; when one turns long, a guest computing or
+spinning, the standby takes the lead and the old leader goes on with its step
+in parallel, since QuickJS releases the GIL while JavaScript runs. A guest
+spinning on the CPU holds one runner thread and nothing else, so its
+neighbours resume on the others. There is one runner more than may run steps
+at once: with all the others busy with spinning guests, the last one still
+reads the channel.
+
+An ``Abort`` for a slot whose guest code is running is also given to the
+interrupter thread, which pokes that runtime (``native.py``) until the guest
+has unwound, so a spinning guest still hands over its logs. The interrupter
+also stops every guest still running at its wall-clock deadline, so the worker
+enforces ``timeoutMs`` itself as well as the daemon. Workers run at a lower
+scheduling priority than the daemon: a storm of spinning guests cannot delay a
+``done`` or a ``cancel``. The main thread only waits for the channel to close.
 
 Usage (by the zygote, which calls ``run``; standalone only in tests):
 ``python -m execbox_runner.worker.loop FD [--no-sandbox] [--threads N]
@@ -43,7 +49,6 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -60,10 +65,9 @@ SWITCH_INTERVAL_S: Final = 0.0002
 # Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
 NICENESS: Final = 10
 DEFAULT_THREADS: Final = 16
-# A runner waiting for the turn checks at once, then this often, whether the runner holding it is
-# in a long step: one that has used this much CPU (a guest computing), or lasted ten times as long
-# (blocked, or starved of CPU). Then it goes on without the turn: a spinning guest delays its
-# neighbours by about this much.
+# The standby checks at once, then this often, whether the leader is in a long step: one that has
+# used this much CPU (a guest computing), or lasted ten times as long (blocked, or starved of CPU).
+# Then it takes the lead: a spinning guest delays its neighbours by about this much.
 TURN_CHECK_S: Final = 0.001
 _READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
@@ -150,6 +154,17 @@ class Interrupter:
                         self._pending[guest] -= 1
 
 
+@dataclass(eq=False, slots=True)
+class Runner:
+    """One runner thread: what wakes it, its CPU clock, and where its current step began."""
+
+    wake: threading.Lock  # held; released by whoever wakes the thread (see ``Worker._join``)
+    clock: int
+    # The CPU and wall-clock time as its step began (CPU inf: counted by wall-clock time only). One
+    # attribute, so that the standby reads both of one step.
+    step: tuple[float, float] = (math.inf, 0.0)
+
+
 class Worker:
     def __init__(
         self, sock: socket.socket, limits: sandbox.Limits | None, *, threads: int = DEFAULT_THREADS, probe: bool = False
@@ -157,22 +172,28 @@ class Worker:
         self.sock = sock
         self.probe = probe  # test hook: report what the confined worker can do, then exit
         self.limits = limits  # None: not confined (tests of the worker loop itself)
-        self.threads = threads
+        self.threads = threads  # at most this many runners run steps at once; one more reads
         self.hosted: dict[int, Hosted] = {}
-        # Guards hosted, each slot's mailbox, scheduled and aborting, and ready, idle and standby.
+        self.frames = ipc.Unframer()  # the channel's bytes, read by the leader only
+        # Guards hosted, each slot's mailbox, scheduled and aborting, and the roles below.
         self.lock = threading.Lock()
         self.send_lock = threading.Lock()
         self.ready: collections.deque[Hosted] = collections.deque()  # slots with work, oldest first
-        self.idle: list[threading.Lock] = []  # a held lock per idle runner, released to wake it; newest last
-        self.standby = 0  # runners waiting for the turn
-        self.turn = threading.Lock()  # see ``_runner``
-        # The turn holder's CPU clock, and its CPU and wall-clock time as its current step began.
-        self.step: tuple[int, float, float] = (time.CLOCK_THREAD_CPUTIME_ID, 0.0, 0.0)
+        self.leader: Runner | None = None  # reads the channel and runs short steps (see ``_lead``)
+        self.stepping = False  # the leader is running steps, away from the channel
+        self.batches = 0  # how often the leader has left the channel for steps
+        self.standby: Runner | None = None  # watches the leader's steps (see ``_stand_by``)
+        self.sleeping: Runner | None = None  # the standby, while it waits for the leader to step
+        self.idle: list[Runner] = []  # newest last
+        self.running = 0  # runners running steps without the lead
         self.spare: Runtime | None = None
         self.interrupter: Interrupter | None = None
+        self.confined = threading.Event()  # set once the runners may start
+        self.ended = threading.Lock()  # released when a runner ends on the channel's failure
+        self.failure: BaseException | None = None
 
     def serve(self, runtime: Runtime | None = None) -> None:
-        """Host executions until the channel closes.
+        """Host executions until the channel closes (its error is raised here).
 
         ``runtime`` is the first execution's, when the zygote prepared it before forking.
         """
@@ -181,153 +202,217 @@ class Worker:
         self.spare = runtime or fresh_runtime()
         # Every thread starts before confinement: afterwards the kernel refuses new ones.
         self.interrupter = Interrupter()
+        self.ended.acquire()
         previous = threading.stack_size(STACK_BYTES)
-        for index in range(self.threads):
+        for index in range(self.threads + 1):
             threading.Thread(target=self._runner, name=f"runner-{index}", daemon=True).start()
         threading.stack_size(previous)
         missing = sandbox.confine(self.sock.fileno(), self.limits) if self.limits is not None else ["all"]
         if self.probe:
             self.sock.sendall(ipc.frame(0, ipc.Probed(outcomes=sandbox.probe(), missing=missing)))
             return
+        self.confined.set()
         self.sock.sendall(ipc.frame(0, ipc.Ready()))
-        self._read()
+        self.ended.acquire()
+        assert self.failure is not None
+        raise self.failure
 
-    def _read(self) -> None:
-        """The main thread: hand each message to its slot until the channel closes.
+    def _runner(self) -> None:
+        """A runner thread: in turn the leader, on a long step a runner without the lead, then the
+        standby or idle until it leads again.
+
+        The threads are all alike, with the stack guest code needs, and one more than may run
+        steps at once: with every other runner busy with a spinning guest, the last one still
+        reads the channel, where an Abort for a spinner arrives.
+        """
+        me = Runner(threading.Lock(), time.pthread_getcpuclockid(threading.get_ident()))
+        me.wake.acquire()
+        try:
+            self.confined.wait()  # no guest code runs before the process is confined
+            self._join(me, led=False)
+            while True:
+                self._lead(me)
+                self._join(me, led=True)
+        except BaseException as exc:  # the channel failed (or closed): the worker ends
+            with self.lock:
+                first, self.failure = self.failure is None, self.failure or exc
+            if first:
+                self.ended.release()
+
+    def _join(self, me: Runner, led: bool) -> None:
+        """Return once ``me`` leads: at once if nobody does, else after standing by or idling.
+
+        A runner back from a long step that it took ``led`` first runs the slots that wait for
+        a runner while the leader reads: every other runner was busy when they came.
+        """
+        while True:
+            with self.lock:
+                hosted = self.ready.popleft() if led and self.ready and not self.stepping else None
+                if hosted is None:
+                    self.running -= led
+                    if self.leader is None:
+                        self.leader = me
+                        return
+                    standing = self.standby is None
+                    if standing:
+                        self.standby = me
+                    else:
+                        self.idle.append(me)
+            if hosted is not None:
+                self._run(hosted, None)
+                continue
+            if not standing:
+                me.wake.acquire()  # whoever wakes an idle runner makes it the standby
+            self._stand_by(me)
+            return
+
+    def _lead(self, me: Runner) -> None:
+        """(Leading.) Read the channel and run the ready slots' steps, until the standby takes the
+        lead during a long step of this runner (counted as running by the standby).
+
+        One thread does it all while steps are short: a trivial execution costs no hand-off
+        between threads, and with 16 runners all at work (each handing the GIL over at each of
+        an execution's engine calls, their caches cold) it cost twice the CPU. Between steps
+        the channel is read without waiting, so an Abort is taken after at most one step, and
+        the lead moves only during a step, never while the channel is being read.
+        """
+        fresh = True  # the channel has been read since the last step
+        while True:
+            waking = None
+            with self.lock:
+                if self.leader is not me:
+                    return
+                runnable = bool(self.ready) and self.running < self.threads
+                hosted = self.ready.popleft() if runnable and fresh else None
+                if hosted is not None:
+                    me.step = (math.inf, time.monotonic())  # before the standby can see it stepping
+                    if not self.stepping:
+                        self.batches += 1
+                        waking, self.sleeping = self.sleeping, None
+                self.stepping = hosted is not None  # never while reading: the lead moves only in a step
+            if waking is not None:
+                waking.wake.release()
+            if hosted is not None:
+                self._run(hosted, me)
+                fresh = False
+            elif runnable or not self._prepare_spare():
+                self._read(block=not runnable)
+                fresh = True
+
+    def _read(self, *, block: bool) -> None:
+        """(Leading.) Dispatch what has arrived; with ``block``, wait until something does. One
+        system call for as many frames as have arrived (under load, many)."""
+        try:
+            data = self.sock.recv(_READ_BYTES, 0 if block else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        if not data:
+            raise EOFError("channel closed")
+        self.frames.feed(data)
+        while (body := self.frames.next()) is not None:
+            self._dispatch(*ipc.to_worker_decoder.decode(body))
+
+    def _dispatch(self, slot: int, message: ipc.ToWorker) -> None:
+        """(Leading.) Hand one message to its slot.
 
         An Abort (or Evict) for a slot whose Run no runner has taken yet is answered here:
         nothing ran, nothing is to unwind, and the runners may all be busy with spinning
         guests. So is a Measure: the heaps are read without stopping any guest.
         """
-        for slot, message in receive_frames(self.sock):
-            if isinstance(message, ipc.Measure):
-                self._send(0, ipc.Heaps(self._heaps()))
-                continue
-            poke = wake = None
-            stopping = isinstance(message, ipc.Abort | ipc.Evict)
-            with self.lock:
-                hosted = self.hosted.get(slot)
-                if isinstance(message, ipc.Run):
-                    if hosted is not None:
-                        continue  # the daemon never reuses a live slot: drop the duplicate
-                    hosted = self.hosted[slot] = Hosted(slot, time.monotonic())
-                elif hosted is None:
-                    continue  # a late Settle/Abort/Evict for an execution that already finished
-                unstarted = stopping and bool(hosted.mailbox) and isinstance(hosted.mailbox[0], ipc.Run)
-                if unstarted:
-                    del self.hosted[slot]  # a runner that takes the slot up later finds its mailbox empty
-                    hosted.mailbox.clear()
-                else:
-                    if stopping:
-                        hosted.aborting = True
-                        poke = hosted.guest
-                    hosted.mailbox.append(message)
-                    if not hosted.scheduled:
-                        hosted.scheduled = True
-                        self.ready.append(hosted)
-                        wake = self._runner_to_wake(0)
-            if wake is not None:
-                wake.release()
-            if unstarted:
-                self._send(slot, NOT_STARTED_EVICTED if isinstance(message, ipc.Evict) else NOT_STARTED)
-            elif poke is not None and self.interrupter is not None:
-                self.interrupter.request(poke)
-
-    def _runner_to_wake(self, taking: int) -> threading.Lock | None:
-        """(Under ``lock``.) With more slots ready than the caller is about to take and no
-        runner standing by: the idle runner to wake (the newest), counted as standing by."""
-        if len(self.ready) > taking and not self.standby and self.idle:
-            self.standby += 1
-            return self.idle.pop()
-        return None
-
-    def _runner(self) -> None:
-        """Run ready slots: one runner at a time while their steps are short.
-
-        Runners all at work hand the GIL over at each of an execution's engine
-        calls, each time a thread switch, and each runner's caches go cold: with
-        16 trivial executions in flight that was ~70 switches and twice the CPU
-        per execution of one runner doing them in turn. So the runner holding
-        the turn takes ready slots until none is left, while one other stands
-        by for it; an idle runner is woken newest first, its caches the
-        warmest. If the holder's step is long (a guest computing or spinning),
-        the one standing by goes on without the turn and another stands by: a
-        spinning guest still holds one runner and nothing else, and delays its
-        neighbours by about ``TURN_CHECK_S``.
-        """
-        wake = threading.Lock()
-        wake.acquire()
-        clock = time.pthread_getcpuclockid(threading.get_ident())
-        while True:
-            with self.lock:
-                idle = not self.ready
-                if idle:
-                    self.idle.append(wake)
-                else:
-                    self.standby += 1
-            if idle:
-                wake.acquire()  # whoever wakes this runner counts it as standing by
-            turn = self._take_turn(clock)
-            while True:
-                with self.lock:
-                    hosted = self.ready.popleft() if self.ready else None
-                    other = self._runner_to_wake(0)
-                if other is not None:
-                    other.release()
-                if hosted is None:
-                    break
-                self._run(hosted, clock if turn else None)
-                if not turn:
-                    break  # back to the turn, which the long step may have left
-            if turn:
-                self._prepare_spare(clock)
-                self.turn.release()
-
-    def _prepare_spare(self, clock: int) -> None:
-        """(Holding the turn, nothing ready.) Make the next execution's runtime now, before its Run
-        arrives: ~0.25 ms less between a host's ``execute`` and its guest running. A worker with one
-        runner (``hardened``: retired after its one execution) makes none."""
+        if isinstance(message, ipc.Measure):
+            self._send(0, ipc.Heaps(self._heaps()))
+            return
+        poke = None
+        stopping = isinstance(message, ipc.Abort | ipc.Evict)
         with self.lock:
-            if self.spare is not None or self.ready or self.threads == 1:
-                return
-        self._step_begins(clock, counting_cpu=False)  # runs no guest code (see ``_take``)
-        spare = fresh_runtime()
+            hosted = self.hosted.get(slot)
+            if isinstance(message, ipc.Run):
+                if hosted is not None:
+                    return  # the daemon never reuses a live slot: drop the duplicate
+                hosted = self.hosted[slot] = Hosted(slot, time.monotonic())
+            elif hosted is None:
+                return  # a late Settle/Abort/Evict for an execution that already finished
+            unstarted = stopping and bool(hosted.mailbox) and isinstance(hosted.mailbox[0], ipc.Run)
+            if unstarted:
+                del self.hosted[slot]  # a runner that takes the slot up later finds its mailbox empty
+                hosted.mailbox.clear()
+            else:
+                if stopping:
+                    hosted.aborting = True
+                    poke = hosted.guest
+                hosted.mailbox.append(message)
+                if not hosted.scheduled:
+                    hosted.scheduled = True
+                    self.ready.append(hosted)
+        if unstarted:
+            self._send(slot, NOT_STARTED_EVICTED if isinstance(message, ipc.Evict) else NOT_STARTED)
+        elif poke is not None and self.interrupter is not None:
+            self.interrupter.request(poke)
+
+    def _stand_by(self, me: Runner) -> None:
+        """(The standby.) Return once ``me`` has taken the lead from a leader whose step is long:
+        one that has used ``TURN_CHECK_S`` of CPU or lasted ten times as long. Checks at once, then
+        this often while the leader runs steps; after a check that found it idle since the one
+        before, waits until it steps again.
+
+        The checks take no lock (the leader holds it often): only the standby moves the lead, so
+        ``leader`` stays, and what a check reads of it is confirmed under the lock before
+        taking over."""
+        leader = self.leader
+        assert leader is not None  # the first runner to start leads
+        seen = -1
+        while True:
+            batches = self.batches
+            if self.stepping:
+                step = leader.step
+                if _long(leader, step) and self._take_lead(me, leader, step):
+                    return
+            elif batches == seen:
+                with self.lock:
+                    if not self.stepping and self.batches == seen:
+                        self.sleeping = me
+                    sleeping = self.sleeping is me
+                if sleeping:
+                    me.wake.acquire()
+                    continue
+            seen = batches
+            time.sleep(TURN_CHECK_S)
+
+    def _take_lead(self, me: Runner, leader: Runner, step: tuple[float, float]) -> bool:
+        """(The standby.) Take the lead if ``leader`` is still in ``step``; another runner stands by."""
+        with self.lock:
+            if not self.stepping or leader.step is not step:
+                return False
+            self.running += 1  # its step goes on, without the lead
+            self.leader, self.stepping = me, False
+            self.standby = self.idle.pop() if self.idle else None
+            waking = self.standby
+        if waking is not None:
+            waking.wake.release()
+        return True
+
+    def _prepare_spare(self) -> bool:
+        """(Leading, nothing ready.) Make the next execution's runtime now, before its Run
+        arrives: ~0.25 ms less between a host's ``execute`` and its guest running. A worker with
+        one runner (``hardened``: retired after its one execution) makes none. False: none made."""
+        with self.lock:
+            if self.spare is not None or self.threads == 1:
+                return False
+        spare = fresh_runtime()  # runs no guest code: not a step
         with self.lock:
             if self.spare is None:
                 self.spare = spare
+        return True
 
-    def _take_turn(self, clock: int) -> bool:
-        """Stand by for the turn: True once taken; False, to go on without it, when its holder's
-        step has used ``TURN_CHECK_S`` of CPU or lasted ten times as long."""
+    def _run(self, hosted: Hosted, me: Runner | None) -> None:
+        """Drain one slot; ``me``: this runner while it leads."""
         try:
-            wait = 0.0
-            while not self.turn.acquire(timeout=wait):
-                wait = TURN_CHECK_S
-                holder, cpu, began = self.step
-                try:
-                    spent = time.clock_gettime(holder) - cpu
-                except OSError:  # a stale reading, of a thread that has gone
-                    continue
-                if spent >= TURN_CHECK_S or time.monotonic() - began >= 10 * TURN_CHECK_S:
-                    return False
-            self._step_begins(clock)
-            return True
-        finally:
-            with self.lock:
-                self.standby -= 1
-                other = self._runner_to_wake(1)
-            if other is not None:
-                other.release()
-
-    def _run(self, hosted: Hosted, clock: int | None) -> None:
-        """Drain one slot; ``clock``: this runner's CPU clock while it holds the turn."""
-        try:
-            self._drain(hosted, clock)
+            self._drain(hosted, me)
         except Exception as exc:  # a bug must cost one execution, not the worker's others
             self._end(hosted)
             self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", []))
 
-    def _drain(self, hosted: Hosted, clock: int | None) -> None:
+    def _drain(self, hosted: Hosted, me: Runner | None) -> None:
         """Take the slot's messages in order until none is left or the execution ends."""
         while True:
             with self.lock:
@@ -335,7 +420,7 @@ class Worker:
                     hosted.scheduled = False
                     return
                 message = hosted.mailbox.pop(0)
-            out = self._take(hosted, message, clock)
+            out = self._take(hosted, message, me)
             if isinstance(out, ipc.Finished):
                 self._end(hosted)
                 self._send(hosted.slot, out)
@@ -343,29 +428,24 @@ class Worker:
             if out.calls or out.logs:
                 self._send(hosted.slot, out)
 
-    def _step_begins(self, clock: int, *, counting_cpu: bool = True) -> None:
-        """(Holding the turn.) A step starts now: ``_take_turn`` measures a long one from here, by
-        its wall-clock time only while not ``counting_cpu``."""
-        self.step = (clock, time.clock_gettime(clock) if counting_cpu else math.inf, time.monotonic())
-
-    def _take(self, hosted: Hosted, message: ipc.ToWorker, clock: int | None) -> ipc.ToolCalls | ipc.Finished:
-        """One message of a slot, a step; ``clock`` as for ``_run``.
+    def _take(self, hosted: Hosted, message: ipc.ToWorker, me: Runner | None) -> ipc.ToolCalls | ipc.Finished:
+        """One message of a slot, a step; ``me`` as for ``_run``.
 
         A Run's CPU is counted from when its guest is made: making it (a runtime when no spare
         was prepared, the code normalized) is work of ~0.5 ms that runs no guest code. Counted
-        in, it pushed steps past ``TURN_CHECK_S`` on a loaded worker, every runner went on without
-        the turn and they contended for the GIL: twice the CPU per execution, and the backlog
-        that caused it grew. A guest that takes long to make still lets the others go on by the
-        step's wall-clock time.
+        in, it pushed steps past ``TURN_CHECK_S`` on a loaded worker, the lead passed at every
+        step and the runners contended for the GIL: twice the CPU per execution, and the backlog
+        that caused it grew. A guest that takes long to make still passes the lead by the step's
+        wall-clock time.
         """
-        if clock is not None:
-            self._step_begins(clock, counting_cpu=not isinstance(message, ipc.Run))
+        if me is not None:
+            _step_begins(me, counting_cpu=not isinstance(message, ipc.Run))
         if isinstance(message, ipc.Run):
             with self.lock:  # the prepared runtime is for exactly one execution
                 runtime, self.spare = self.spare, None
             guest = GuestRun(message, runtime, arrived=hosted.arrived)
-            if clock is not None:
-                self._step_begins(clock)
+            if me is not None:
+                _step_begins(me)
             with self.lock:
                 hosted.guest = guest
                 aborting = hosted.aborting
@@ -402,6 +482,22 @@ class Worker:
             self.sock.sendall(data)
 
 
+def _step_begins(runner: Runner, *, counting_cpu: bool = True) -> None:
+    """(Leading.) A step of ``runner`` starts now: the standby measures a long one from here, by
+    its wall-clock time only while not ``counting_cpu``."""
+    runner.step = (time.clock_gettime(runner.clock) if counting_cpu else math.inf, time.monotonic())
+
+
+def _long(runner: Runner, step: tuple[float, float]) -> bool:
+    """Whether ``runner``'s ``step`` has used ``TURN_CHECK_S`` of CPU or lasted ten times as long (its
+    CPU clock is read only once the step could have used that much)."""
+    cpu, began = step
+    lasted = time.monotonic() - began
+    return lasted >= 10 * TURN_CHECK_S or (
+        lasted >= TURN_CHECK_S and time.clock_gettime(runner.clock) - cpu >= TURN_CHECK_S
+    )
+
+
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
     """Blocking read of exactly ``n`` bytes (worker side); EOFError on a closed channel."""
     buf = bytearray(n)
@@ -415,25 +511,12 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def receive_frames(sock: socket.socket) -> Iterator[tuple[int, ipc.ToWorker]]:
-    """The daemon's frames, read as the kernel has them: one system call for as many frames as have
-    arrived (under load, many), rather than two for each. EOFError once the channel closes."""
-    frames = ipc.Unframer()
-    while True:
-        while (body := frames.next()) is None:
-            data = sock.recv(_READ_BYTES)
-            if not data:
-                raise EOFError("channel closed")
-            frames.feed(data)
-        yield ipc.to_worker_decoder.decode(body)
-
-
 def address_space(max_memory: int, max_output: int, threads: int) -> int:
     """The address-space backstop: what the process maps now, the runner stacks, room for
     the largest QuickJS heap and copies of the largest output, plus slack."""
     with open("/proc/self/statm") as statm:
         mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    return mapped + threads * STACK_BYTES + 2 * max_memory + 4 * max_output + (256 << 20)
+    return mapped + (threads + 1) * STACK_BYTES + 2 * max_memory + 4 * max_output + (256 << 20)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -30,7 +30,9 @@ After a block that closes the arrow function of ``source``, QuickJS accepts
 only ``,`` or ``)``; after one that closes the declaration, a statement, which
 never starts with either. So a body that closes ``source``'s function is a
 syntax error in ``standalone``, and one that parses in both is one function
-body, as QuickJS itself reads it (``tests/test_escape.py``).
+body, as QuickJS itself reads it (``tests/test_escape.py``). A body without a
+``}`` closes no block, so the worker evaluates ``source`` at once, and parses
+``standalone`` only to report the body's syntax error.
 """
 
 from __future__ import annotations
