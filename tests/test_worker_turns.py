@@ -100,6 +100,34 @@ def _served(
     return worker, ours, thread
 
 
+def test_short_steps_run_on_the_thread_that_reads_the_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hand-off per message: while no step is long, the leader reads every message and runs every step."""
+    monkeypatch.setattr(loop, "_long", lambda runner, step: False)
+    threads: list[int] = []
+
+    def record(worker: Worker) -> None:
+        dispatch, take = worker._dispatch, worker._take
+
+        def dispatched(*args: Any) -> None:
+            threads.append(threading.get_ident())
+            dispatch(*args)
+
+        def taken(*args: Any) -> ipc.ToolCalls | ipc.Finished:
+            threads.append(threading.get_ident())
+            return take(*args)
+
+        worker._dispatch = dispatched  # type: ignore[method-assign]
+        worker._take = taken  # type: ignore[method-assign]
+
+    _, sock, thread = _served(4, record)
+    with sock:
+        for slot in range(1, 11):
+            sock.sendall(ipc.frame(slot, run_message(f"{slot} * 2")))
+            assert receive(sock, slot) == ipc.Finished(True, str(slot * 2).encode(), None, "", [])
+    thread.join(timeout=5)
+    assert len(threads) == 20 and len(set(threads)) == 1
+
+
 def _spare(worker: Worker) -> Runtime | None:
     return worker.spare
 

@@ -242,8 +242,8 @@ class Worker:
     def _join(self, me: Runner, led: bool) -> None:
         """Return once ``me`` leads: at once if nobody does, else after standing by or idling.
 
-        A runner back from a long step that it took ``led`` first runs the slots that wait for
-        a runner while the leader reads: every other runner was busy when they came.
+        ``led``: ``me`` is back from a long step that it began as the leader. It first runs the
+        slots left waiting while the leader reads: every other runner was busy when they came.
         """
         while True:
             with self.lock:
