@@ -175,8 +175,12 @@ class Recorder:
             self._fail(exc)
 
     def _save(self, path: Path, text: str) -> None:
+        """Write ``path`` whole or not at all (written aside, then renamed): a reader that sees the
+        summary sees all of it."""
+        partial = path.with_name(path.name + ".partial")
         try:
-            path.write_text(text + "\n")
+            partial.write_text(text + "\n")
+            partial.replace(path)
         except OSError as exc:
             self._fail(exc)
 
