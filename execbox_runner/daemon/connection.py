@@ -93,9 +93,8 @@ class Connection:
         self._closed_by_us = False
         self._counted = False  # this connection holds one of the daemon's session places
         self._idle_since: float | None = None  # when the session last had no execution
-        self.ws: Protocol | None = (
-            None  # once the request is in: a Protocol already open, or websockets' ServerProtocol
-        )
+        # Once the request is in: a Protocol already open, or websockets' ServerProtocol.
+        self.ws: Protocol | None = None
         self._parser: ServerProtocol | None = None  # a handshake that did not take the fast path
         self.session = Session(
             cancel_grace=settings.cancel_grace,
@@ -161,7 +160,7 @@ class Connection:
     def shutdown(self) -> None:
         """The daemon is stopping: cancel this session's execution (it gets its done), then close.
         A connection still in its handshake is refused by then (503)."""
-        if self.ws is not None and not self._ended and self._counted:
+        if self._counted:  # an open session (counted from its handshake to its end)
             self._guarded(self._perform, self.session.shutdown(trio.current_time()))
 
     def has_sent(self) -> bool:
@@ -285,8 +284,8 @@ class Connection:
         assert self.ws is not None
         if eof or self._eof or self.ws.state is State.CLOSED:
             self._end()
-        elif self.ws.close_expected() and self._close_deadline == math.inf:
-            self._close_deadline = trio.current_time() + self.settings.close_timeout
+        elif self.ws.close_expected():  # the host's close frame, answered by the protocol
+            self._closing_handshake_began()
             self._rearm_timer()
 
     def _frame(self, frame: Frame) -> None:
@@ -368,7 +367,11 @@ class Connection:
         self._closed_by_us = True
         self._record(lambda recorder: recorder.runner_close(code))
         self._flush()
-        if self._close_deadline == math.inf:  # the host has this long to answer it
+        self._closing_handshake_began()
+
+    def _closing_handshake_began(self) -> None:
+        """A close frame has gone, either way: the host has ``close_timeout`` to finish the handshake."""
+        if self._close_deadline == math.inf:
             self._close_deadline = trio.current_time() + self.settings.close_timeout
 
     def _flush(self) -> None:
@@ -472,7 +475,7 @@ class Connection:
         if self._ended:
             return
         now = trio.current_time()
-        if self.ws is None or not self._counted or now >= self._close_deadline:
+        if not self._counted or now >= self._close_deadline:
             self._end()  # the handshake, or the closing handshake, took too long
             return
         if self._idle_since is not None and now >= self._idle_since + self.settings.idle_timeout:

@@ -62,7 +62,6 @@ class Transport:
         "_tls_in",
         "_tls_out",
         "fd",
-        "secure",
     )
 
     def __init__(
@@ -85,7 +84,6 @@ class Transport:
         self._timer: Timer | None = None  # the send timeout while backlogged; the linger's bound
         self._closing = False  # close once the backlog is written
         self._linger_s: float | None = None  # closing: at most this long to read what the peer still sends
-        self.secure = tls is not None
         self._tls: ssl.SSLObject | None = None
         self._tls_in = self._tls_out = None
         self._tls_done = False  # its handshake is complete
