@@ -26,9 +26,12 @@ An ``Abort`` for a slot whose guest code is running is also given to the
 interrupter thread, which pokes that runtime (``native.py``) until the guest
 has unwound, so a spinning guest still hands over its logs. The interrupter
 also stops every guest still running at its wall-clock deadline, so the worker
-enforces ``timeoutMs`` itself as well as the daemon. Workers run at a lower
-scheduling priority than the daemon: a storm of spinning guests cannot delay a
-``done`` or a ``cancel``. The main thread only waits for the channel to close.
+enforces ``timeoutMs`` itself as well as the daemon. In the standard profile
+a prefault thread (``prefault.py``) faults in the heap's new pages as it grows,
+so that a burst of executions does not pay for them a page fault at a time.
+Workers run at a lower scheduling priority than the daemon: a storm of spinning
+guests cannot delay a ``done`` or a ``cancel``. The main thread only waits for
+the channel to close.
 
 Usage (by the zygote, which calls ``run``; standalone only in tests):
 ``python -m execbox_runner.worker.loop FD [--no-sandbox] [--threads N]
@@ -57,6 +60,7 @@ from . import sandbox
 from .failure import BUDGET_MESSAGE
 from .guest import STACK_BYTES, TIMEOUT_MESSAGE, GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
+from .prefault import Prefaulter
 
 POKE_INTERVAL_S: Final = 0.001
 POKE_ATTEMPTS: Final = 2000  # keep interrupting for up to ~2 s, until the abort is taken
@@ -187,6 +191,7 @@ class Worker:
         self.idle: list[Runner] = []  # newest last
         self.running = 0  # runners running steps without the lead
         self.spare: Runtime | None = None
+        self.prefaulter: Prefaulter | None = None
         self.interrupter: Interrupter | None = None
         self.confined = threading.Event()  # set once the runners may start
         self.ended = threading.Lock()  # released when a runner ends on the channel's failure
@@ -202,6 +207,8 @@ class Worker:
         self.spare = runtime or fresh_runtime()
         # Every thread starts before confinement: afterwards the kernel refuses new ones.
         self.interrupter = Interrupter()
+        if self.threads > 1:  # hardened: one execution per process, its heap never grows much
+            self.prefaulter = Prefaulter()
         self.ended.acquire()
         previous = threading.stack_size(STACK_BYTES)
         for index in range(self.threads + 1):
@@ -444,6 +451,8 @@ class Worker:
             with self.lock:  # the prepared runtime is for exactly one execution
                 runtime, self.spare = self.spare, None
             guest = GuestRun(message, runtime, arrived=hosted.arrived)
+            if self.prefaulter is not None:
+                self.prefaulter.check()
             if me is not None:
                 _step_begins(me)
             with self.lock:
