@@ -17,6 +17,7 @@ before 5.14), nothing is faulted in ahead and nothing else changes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from typing import Final
@@ -42,11 +43,21 @@ def _load_libc() -> ctypes.CDLL | None:
     return libc
 
 
+_libc: Final = _load_libc()
+
+
+def populate(start: int, length: int) -> None:
+    """Fault in the pages of ``[start, start + length)`` as if written, keeping their content.
+    Raises OSError where the call is refused or missing (the sandbox's probe checks it is not)."""
+    if _libc is None or _libc.madvise(start, length, _MADV_POPULATE_WRITE) != 0:
+        raise OSError(ctypes.get_errno(), "madvise(MADV_POPULATE_WRITE)")
+
+
 class Prefaulter:
     """Faults in what the heap's break added since the last ``check``, on its own thread."""
 
     def __init__(self) -> None:
-        self._libc = _load_libc()
+        self._libc = _libc
         self._wake = threading.Condition(threading.Lock())
         self._populated = 0  # the heap is faulted in (or was the zygote's) up to this address
         self._wanted = 0  # ... and should be up to this one
@@ -83,4 +94,5 @@ class Prefaulter:
                 start, end = self._populated & ~(_PAGE - 1), self._wanted
                 self._populated = end
             # A break trimmed meanwhile makes this fail (ENOMEM) or populate what will be reused: both harmless.
-            self._libc.madvise(start, end - start, _MADV_POPULATE_WRITE)
+            with contextlib.suppress(OSError):
+                populate(start, end - start)

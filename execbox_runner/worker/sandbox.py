@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from . import prefault
+
 NOBODY: Final = 65534
 CLONE_NEWNET: Final = 0x40000000
 CLONE_NEWUSER: Final = 0x10000000
@@ -454,6 +456,8 @@ def probe() -> dict[str, str]:
         "map_executable": attempt(lambda: _map(PROT_READ | PROT_WRITE | PROT_EXEC)),
         "protect_executable": attempt(lambda: _protect(_map(PROT_READ | PROT_WRITE), 4096, PROT_READ | PROT_EXEC)),
         "write_code": attempt(lambda: _protect(code & ~4095, 4096, PROT_READ | PROT_WRITE | PROT_EXEC)),
+        # What the worker's prefault thread does (``prefault.py``): it must stay allowed.
+        "populate_memory": attempt(lambda: prefault.populate(_map(PROT_READ | PROT_WRITE), 4096)),
         "rlimit_as": limit(resource.RLIMIT_AS),
         "rlimit_nofile": limit(resource.RLIMIT_NOFILE),
         "rlimit_fsize": limit(resource.RLIMIT_FSIZE),
