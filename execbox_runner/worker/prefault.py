@@ -14,9 +14,10 @@ in a worker whose heap has grown: glibc keeps that much at the top when it
 gives memory back. Setting ``M_TOP_PAD`` also keeps glibc's mmap threshold at
 128 KiB (it no longer rises as such blocks are freed), so each larger block
 gets a mapping of its own: a guest making 250 arrays and strings of 0.3-0.8 MB
-ran no slower (and with a quarter of the page faults). Where glibc or the call
-is missing (another libc, a kernel before 5.14), nothing is faulted in ahead and
-nothing else changes.
+ran no slower (and with a quarter of the page faults). Each extension asks for
+the pad too, so the worker's address-space backstop (``RLIMIT_AS``) bites up to
+``PAD_BYTES`` sooner. Where glibc or the call is missing (another libc, a kernel
+before 5.14), nothing is faulted in ahead and nothing else changes.
 """
 
 from __future__ import annotations
