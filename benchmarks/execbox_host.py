@@ -1,0 +1,177 @@
+"""Side by side with the reference runner, through execbox's own TypeScript host.
+
+execbox's ``RemoteExecutor`` over a ``ws`` transport (``execbox_host/wsTransport.ts``)
+drives this daemon and, alternated with it, execbox's reference QuickJS remote
+endpoint behind a ``ws`` server (``execbox_host/refServer.ts``), both on 127.0.0.1.
+Per round and runner it prints what ``execbox_host/bench.ts`` measured (``a``: 1,000
+executions awaiting a 2 s tool; ``b``: median latency with 0, 1 and 10 sequential
+tool calls; ``c``: ``1+1`` at concurrency 64 for 5 s) and the CPU the runner's
+process tree spent meanwhile. ``--suites`` first runs execbox's executor contract
+suite and wrapped-MCP penetration suite against this daemon (vitest).
+
+    python benchmarks/execbox_host.py --execbox PATH [--rounds 3] [--sections a,b,c] [--suites]
+
+``PATH`` is a checkout of aallam/execbox (1fa0edc, the last commit with its remote
+package): its packages are not on the npm registry, so the harness runs inside the
+checkout, from ``PATH/execbox-runner-harness/`` (copied there). Without
+``node_modules`` it runs ``npm ci`` and ``npm run build`` there first. Every wait is
+bounded; only processes started here are stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from benchkit.processes import STOP_TIMEOUT_S, Lines, start_daemon
+from benchkit.procfs import tree_cpu_seconds
+
+HARNESS: Final = Path(__file__).resolve().parent / "execbox_host"
+INSTALL_S: Final = 900.0  # npm ci, npm run build
+SUITES_S: Final = 300.0
+ROUND_S: Final = 180.0  # one bench.ts run (a: ~4 s; b: up to 18 s; c: 5 s)
+REFERENCE_START_S: Final = 60.0
+
+
+def prepare(execbox: Path) -> Path:
+    """The harness copied into the checkout (installed and built first if it is not); its directory there."""
+    if not (execbox / "packages" / "remote").is_dir():
+        raise SystemExit(f"{execbox}: not an execbox checkout with its remote package (1fa0edc)")
+    if not (execbox / "node_modules").is_dir():
+        for command in (["npm", "ci"], ["npm", "run", "build"]):
+            subprocess.run(command, cwd=execbox, check=True, timeout=INSTALL_S)
+    target = execbox / "execbox-runner-harness"
+    target.mkdir(exist_ok=True)
+    for source in HARNESS.glob("*.ts"):
+        shutil.copy(source, target / source.name)
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_reference(execbox: Path, port: int) -> subprocess.Popen[str]:
+    """execbox's reference endpoint on ``port``, once it says it listens."""
+    process = subprocess.Popen(
+        [str(execbox / "node_modules" / ".bin" / "tsx"), "execbox-runner-harness/refServer.ts"],
+        cwd=execbox,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PORT": str(port)},
+    )
+    lines = Lines(process)
+    deadline = time.monotonic() + REFERENCE_START_S
+    while (line := lines.get(max(0.0, deadline - time.monotonic()))) is not None:
+        if "listening" in line:
+            return process
+        if not line:
+            break
+    stop(process)
+    raise RuntimeError("the reference runner did not start")
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if it lingers (only this process, by its PID)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def suites(execbox: Path, url: str) -> str:
+    """The contract and penetration suites against ``url``: vitest's summary line."""
+    completed = subprocess.run(
+        [
+            str(execbox / "node_modules" / ".bin" / "vitest"),
+            "run",
+            "--config",
+            "execbox-runner-harness/vitest.config.ts",
+        ],
+        cwd=execbox,
+        capture_output=True,
+        text=True,
+        timeout=SUITES_S,
+        env={**os.environ, "RUNNER_URL": url},
+        check=False,
+    )
+    summary = [line.strip() for line in completed.stdout.splitlines() if line.strip().startswith("Tests")]
+    return summary[-1] if summary else f"vitest exited {completed.returncode}: {completed.stdout[-500:]}"
+
+
+def bench(execbox: Path, url: str, sections: str, label: str, root: int) -> tuple[dict[str, Any], float]:
+    """One ``bench.ts`` run against ``url``; its figures and the CPU seconds of ``root``'s process tree meanwhile."""
+    _, before, _ = tree_cpu_seconds(root)
+    completed = subprocess.run(
+        [str(execbox / "node_modules" / ".bin" / "tsx"), "execbox-runner-harness/bench.ts", url, sections, label],
+        cwd=execbox,
+        capture_output=True,
+        text=True,
+        timeout=ROUND_S,
+        check=True,
+    )
+    _, after, _ = tree_cpu_seconds(root)
+    return json.loads(completed.stdout.strip().splitlines()[-1]), after - before
+
+
+def report(label: str, figures: dict[str, Any], cpu: float) -> None:
+    parts = [f"{label:10s} runner CPU {cpu:5.2f} s"]
+    if "a" in figures:
+        a = figures["a"]
+        parts.append(
+            f"1,000 awaiting a 2 s tool: {a['wall_ms'] / 1000:.2f} s, failures {a['failures']},"
+            f" host CPU {a['host_cpu_ms'] / 1000:.2f} s"
+        )
+    if "b" in figures:
+        b = figures["b"]
+        medians = " / ".join(f"{b[f'calls_{n}']['p50_ms']:.2f}" for n in (0, 1, 10))
+        failures = sum(b[f"calls_{n}"]["fails"] for n in (0, 1, 10))
+        parts.append(f"latency 0/1/10 tools {medians} ms, failures {failures}")
+    if "c" in figures:
+        c = figures["c"]
+        parts.append(f"c=64 {c['per_s']}/s p50 {c['p50_ms']} ms p99 {c['p99_ms']} ms, failures {c['fails']}")
+    print("  " + "; ".join(parts), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--execbox", type=Path, required=True, help="a checkout of aallam/execbox (1fa0edc)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sections", default="a,b,c", help="of bench.ts: a, b, c (comma-separated)")
+    parser.add_argument("--suites", action="store_true", help="first run execbox's contract and penetration suites")
+    args = parser.parse_args()
+    execbox = args.execbox.resolve()
+    prepare(execbox)
+    ours = start_daemon(warm_workers=None)
+    try:
+        reference = start_reference(execbox, port := free_port())
+        try:
+            if args.suites:
+                print(f"execbox's contract + penetration suites against this daemon: {suites(execbox, ours.url)}")
+            runners = [("ours", ours.url, ours.process.pid), ("reference", f"ws://127.0.0.1:{port}/", reference.pid)]
+            for index in range(1, args.rounds + 1):
+                print(f"round {index}")
+                for name, url, pid in runners:
+                    figures, cpu = bench(execbox, url, args.sections, name, pid)
+                    report(name, figures, cpu)
+        finally:
+            stop(reference)
+    finally:
+        ours.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
