@@ -336,8 +336,9 @@ class WorkerPool:
 
     def _lease(self, tenant: str) -> Lease | None:
         candidates = [w for w in self._usable(tenant) if len(w.leases) < self.capacity]
-        if not candidates and self._spares():
-            spare = self._spares()[0]
+        spares = [] if candidates else self._spares()
+        if spares:
+            spare = spares[0]
             spare.tenant = tenant
             candidates = [spare]
             self._wake_spawner.set()  # a spare fewer: start its replacement

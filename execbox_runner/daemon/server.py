@@ -346,11 +346,9 @@ class Daemon:
                 nursery.start_soon(self._publish_live_state)
             task_status.started((host, port))
             self.acceptors += [
-                *(
-                    Acceptor(self.reactor, item, self._connector(nursery, scrape=False), self._shed)
-                    for item in listeners
-                ),
-                *(Acceptor(self.reactor, item, self._connector(nursery, scrape=True), self._shed) for item in scrapers),
+                Acceptor(self.reactor, listener, self._connector(nursery, scrape=scrape), self._shed)
+                for group, scrape in ((listeners, False), (scrapers, True))
+                for listener in group
             ]
 
     def _announce(self, listeners: list[Listener], scrapers: list[Listener]) -> None:

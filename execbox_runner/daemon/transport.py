@@ -267,7 +267,7 @@ class Transport:
             self._finish_close()
 
     def _finish_close(self) -> None:
-        if self._linger_s is not None and self._has_unread():
+        if self._linger_s is not None and self.has_sent():
             try:
                 self._sock.shutdown(socket.SHUT_WR)
             except OSError:
@@ -277,13 +277,6 @@ class Transport:
             self._timer = self._reactor.call_at(trio.current_time() + self._linger_s, self.abort)
             return
         self.abort()
-
-    def _has_unread(self) -> bool:
-        """Whether the peer sent bytes still unread (reads one: only called once nothing more matters)."""
-        try:
-            return bool(os.read(self.fd, 1))  # b"": the peer closed
-        except OSError:  # nothing unread (EAGAIN), or broken: nothing to linger for
-            return False
 
     def abort(self) -> None:
         """Close now, whatever is left unwritten."""
