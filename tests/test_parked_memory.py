@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
@@ -13,10 +12,9 @@ from execbox_runner.protocol import ipc
 from execbox_runner.worker import guest as guest_module
 from execbox_runner.worker import native
 from execbox_runner.worker.guest import GuestRun, fresh_runtime
-from execbox_runner.worker.loop import recv_exactly
 
 from .guestkit import run, run_message, value
-from .test_sandbox import receive, start_worker
+from .test_sandbox import receive, receive_any, start_worker
 
 PARKED = "const r = await tools.slow({}); r + 1"
 SLOW = [("tools", ["slow"])]
@@ -171,9 +169,3 @@ def test_a_confined_worker_gives_back_the_memory_of_executions_that_ended() -> N
         after = rss_bytes(process.pid)
         assert after - before < (held - before) / 2, ((held - before) / MIB, (after - before) / MIB)
     process.wait(timeout=30)
-
-
-def receive_any(sock: socket.socket) -> tuple[int, ipc.FromWorker]:
-    """The worker's next message, for whichever slot."""
-    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-    return ipc.from_worker_decoder.decode(recv_exactly(sock, length))

@@ -33,10 +33,15 @@ def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     return process, parent
 
 
+def receive_any(sock: socket.socket) -> tuple[int, ipc.FromWorker]:
+    """The worker's next message, for whichever slot."""
+    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+    return ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+
+
 def receive(sock: socket.socket, slot: int = 0) -> ipc.FromWorker:
     """The worker's next message, which must be for ``slot``."""
-    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-    got, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+    got, message = receive_any(sock)
     assert got == slot
     return message
 

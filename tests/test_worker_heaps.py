@@ -3,21 +3,13 @@
 
 from __future__ import annotations
 
-import socket
-
 from execbox_runner.protocol import ipc
 from execbox_runner.worker.failure import BUDGET_MESSAGE
-from execbox_runner.worker.loop import recv_exactly
 
 from .guestkit import run_message
-from .test_sandbox import receive, start_worker
+from .test_sandbox import receive, receive_any, start_worker
 
 BIG = "const big = new Uint8Array(32 << 20).fill(1); console.log('holding'); await tools.echo(1); big.length"
-
-
-def recv_to_daemon(sock: socket.socket) -> tuple[int, ipc.FromWorker]:
-    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-    return ipc.from_worker_decoder.decode(recv_exactly(sock, length))
 
 
 def test_a_worker_reports_each_guests_heap_and_ends_an_evicted_one_with_memory_limit() -> None:
@@ -27,7 +19,7 @@ def test_a_worker_reports_each_guests_heap_and_ends_an_evicted_one_with_memory_l
         tools = [("tools", ["echo"])]
         sock.sendall(ipc.frame(1, run_message(BIG, providers=tools, budget=30, memory=128 << 20)))
         sock.sendall(ipc.frame(2, run_message("await tools.echo(2)", providers=tools, budget=30)))
-        parked = [recv_to_daemon(sock) for _ in range(2)]  # both parked, in either order
+        parked = [receive_any(sock) for _ in range(2)]  # both parked, in either order
         assert sorted(slot for slot, message in parked if isinstance(message, ipc.ToolCalls)) == [1, 2]
         sock.sendall(ipc.frame(0, ipc.Measure()))
         heaps = receive(sock, 0)

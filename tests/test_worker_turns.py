@@ -15,10 +15,10 @@ import pytest
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import loop
 from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun, Runtime
-from execbox_runner.worker.loop import TURN_CHECK_S, Runner, Worker, recv_exactly
+from execbox_runner.worker.loop import TURN_CHECK_S, Runner, Worker
 
 from .guestkit import run_message
-from .test_sandbox import receive, start_worker
+from .test_sandbox import receive, receive_any, start_worker
 
 
 def test_a_guest_spinning_with_the_turn_holds_up_no_neighbour() -> None:
@@ -46,21 +46,12 @@ def test_with_every_runner_spinning_an_abort_is_read_and_a_waiting_run_goes_on_a
         sock.sendall(ipc.frame(2, run_message("while (true) {}", budget=30)))
         time.sleep(0.1)  # both runners took a spinning guest
         sock.sendall(ipc.frame(3, run_message("6 * 7", budget=30)) + ipc.frame(1, ipc.Abort()))
-        finished = dict(_messages(sock, 2))
+        finished = dict(receive_any(sock) for _ in range(2))
         assert finished[1] == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, ["one"])
         assert finished[3] == ipc.Finished(True, b"42", None, "", [])
         sock.sendall(ipc.frame(2, ipc.Abort()))
         assert receive(sock, 2) == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
     process.wait(timeout=30)
-
-
-def _messages(sock: socket.socket, count: int) -> list[tuple[int, ipc.FromWorker]]:
-    """The worker's next ``count`` messages, for whichever slots."""
-    messages = []
-    for _ in range(count):
-        (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-        messages.append(ipc.from_worker_decoder.decode(recv_exactly(sock, length)))
-    return messages
 
 
 def test_runs_sent_at_once_all_finish_beside_a_spinning_guest() -> None:
@@ -73,8 +64,7 @@ def test_runs_sent_at_once_all_finish_beside_a_spinning_guest() -> None:
         sock.sendall(b"".join(frames))
         results: dict[int, bytes | None] = {}
         for _ in range(count):
-            (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-            slot, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+            slot, message = receive_any(sock)
             assert isinstance(message, ipc.Finished) and message.ok, message
             results[slot] = message.result
         assert results == {slot: str(slot * 2).encode() for slot in range(2, count + 2)}
@@ -186,8 +176,7 @@ def test_making_a_guest_never_counts_as_a_long_step(monkeypatch: pytest.MonkeyPa
     with sock:
         sock.sendall(b"".join(ipc.frame(slot, run_message(f"{slot} * 2")) for slot in range(1, runs + 1)))
         for _ in range(runs):
-            (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-            _, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+            _, message = receive_any(sock)
             assert isinstance(message, ipc.Finished) and message.ok, message
     thread.join(timeout=5)
     assert taken == []
