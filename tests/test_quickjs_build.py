@@ -3,6 +3,7 @@ runner believes in is the one QuickJS really allocates with."""
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import importlib.util
 import io
@@ -10,10 +11,12 @@ import json
 import subprocess
 import sys
 import tarfile
+import weakref
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import quickjs
 
 from execbox_runner.worker import native
 
@@ -32,23 +35,32 @@ build = build_script()
 
 
 def sdist_tree(root: Path, arena_line: str) -> Path:
-    """The three files of quickjs-ng's sdist that the build edits, as the pinned sdist has them."""
+    """The files of quickjs-ng's sdist that the build edits, each holding the texts it edits
+    (the real sdist is edited by ``.ci/run``, which builds it and runs the suite on the result)."""
     (root / "upstream-quickjs").mkdir(parents=True)
     (root / "quickjs").mkdir()
-    (root / "upstream-quickjs" / "quickjs.c").write_text(f"#define JS_ARENA_ALIGN             8\n{arena_line}")
+    sources: dict[str, str] = {build.QUICKJS_C: f"#define JS_ARENA_ALIGN             8\n{arena_line}"}
+    for name, old, _ in build.DISCARD:
+        sources[name] = sources.get(name, "") + f"/* ... */\n{old}"
+    for name, text in sources.items():
+        (root / name).write_text(text)
     (root / "quickjs" / "__init__.py").write_text("import _quickjs\n")
     (root / "pyproject.toml").write_text(f'[project]\nname = "quickjs-ng"\nversion = "{build.VERSION}"\n')
     return root
 
 
-def test_the_build_sets_the_arena_size_and_says_so(tmp_path: Path) -> None:
+def test_the_build_sets_the_arena_size_adds_the_discard_and_says_so(tmp_path: Path) -> None:
     tree = sdist_tree(tmp_path, build.ARENA_LINE)
     build.patch(tree, 2048)
-    assert "#define JS_ARENA_SIZE              2048\n" in (tree / "upstream-quickjs" / "quickjs.c").read_text()
+    source = (tree / build.QUICKJS_C).read_text()
+    assert "#define JS_ARENA_SIZE              2048\n" in source
+    assert "void JS_DiscardRuntime(JSRuntime *rt)\n{" in source
+    assert all(new in (tree / name).read_text() for name, _, new in build.DISCARD)
     namespace: dict[str, object] = {}
     exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
     assert namespace["ARENA_BYTES"] == 2048
-    assert f'version = "{build.VERSION}+arena2048"' in (tree / "pyproject.toml").read_text()
+    assert namespace["DISCARDS_RUNTIMES"] is True
+    assert f'version = "{build.VERSION}+arena2048.discard"' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
@@ -57,45 +69,106 @@ def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> No
         build.patch(tree, 2048)
 
 
-FREE_ARENA_SPACE = """
+# A script's start: glibc's count of the C heap's bytes in use, mallinfo2().uordblks.
+MALLINFO = """
 import ctypes, quickjs
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
 mallinfo2 = ctypes.CDLL(None).mallinfo2
 mallinfo2.restype = Info
-quickjs.Context()
+"""
+
+
+def run_alone(script: str) -> str:
+    """What ``script`` prints, run by a fresh interpreter with one malloc arena (as workers run)."""
+    env = {"MALLOC_ARENA_MAX": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+
+
+FREE_ARENA_SPACE = (
+    MALLINFO
+    + """quickjs.Context()
 before, counted, kept = mallinfo2().uordblks, 0, []
 for _ in range(200):
     kept.append(quickjs.Context())
     counted += kept[-1].memory()["malloc_size"]
 print((mallinfo2().uordblks - before - counted) / 200)
 """
+)
 
 
 def test_the_arena_size_in_use_is_the_one_reported() -> None:
     """A fresh runtime's heap beyond what QuickJS counts is the free space of its partly used
     arenas, about 16 arenas' worth (~69 KiB of 4 KiB ones, ~30 KiB of 2 KiB ones): a build
     whose arenas are not ``ARENA_BYTES`` falls outside 8-24 of them."""
-    done = subprocess.run(
-        [sys.executable, "-c", FREE_ARENA_SPACE],
-        env={"MALLOC_ARENA_MAX": "1"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    free = float(done.stdout)
+    free = float(run_alone(FREE_ARENA_SPACE))
     assert 8 * native.ARENA_BYTES <= free <= 24 * native.ARENA_BYTES, (free, native.ARENA_BYTES)
+
+
+# Runtimes that allocate in every way QuickJS can (small blocks, large blocks, large blocks grown
+# by realloc, compiled regexps, typed arrays, pending jobs), each freed with its Context.
+HEAP_LEFT_PER_RUNTIME = (
+    MALLINFO
+    + """code = '''
+  const kept = [];
+  for (let i = 0; i < 300; i++) kept.push({ i, s: "x".repeat(i * 3) });
+  const grown = []; for (let i = 0; i < 5000; i++) grown.push(i);
+  const big = "y".repeat(100000) + kept.length;
+  const bytes = new Uint8Array(50000);
+  Promise.resolve().then(() => kept.length);
+  /a(b+)c/g.exec("abbbc")[1] + big.length + bytes.length + grown.length
+'''
+for _ in range(20):
+    quickjs.Context().eval(code)
+before = mallinfo2().uordblks
+for _ in range(1000):
+    quickjs.Context().eval(code)
+print((mallinfo2().uordblks - before) / 1000)
+"""
+)
+
+
+def test_a_freed_runtime_leaves_none_of_its_heap_behind() -> None:
+    """Freed whole (``DISCARDS_RUNTIMES``) or object by object, a runtime's every block goes back
+    to the C heap: a runtime or arena header left behind would be 2 KiB or more per runtime."""
+    left = float(run_alone(HEAP_LEFT_PER_RUNTIME))
+    assert left < 64, left
+
+
+def test_a_runtime_holding_a_python_callable_still_releases_it() -> None:
+    """A Python callable in a runtime is released by its finalizer: such a runtime is never
+    discarded whole, which would skip it."""
+
+    class Echo:
+        def __call__(self, value: object) -> object:
+            return value
+
+    echo = Echo()
+    released = weakref.ref(echo)
+    context = quickjs.Context()
+    context.add_callable("echo", echo)
+    del echo
+    assert context.eval("echo(6 * 7)") == 42
+    del context
+    gc.collect()
+    assert released() is None
 
 
 def test_info_names_the_quickjs_build() -> None:
     run = [sys.executable, "-m", "execbox_runner", "info"]
     report = json.loads(subprocess.run([*run, "--json"], capture_output=True, timeout=60, check=True).stdout)
     version = importlib.metadata.version("quickjs-ng")
-    assert report["quickjs"] == {"version": version, "arena_bytes": native.ARENA_BYTES}
+    assert report["quickjs"] == {
+        "version": version,
+        "arena_bytes": native.ARENA_BYTES,
+        "discards_runtimes": native.DISCARDS_RUNTIMES,
+    }
+    freeing = "runtimes discarded whole" if native.DISCARDS_RUNTIMES else "runtimes freed object by object"
     text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
-    assert f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas" in text.splitlines()
+    assert f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}" in text.splitlines()
 
 
 def sdist_archive(path: Path, *members: tuple[str, bytes | None]) -> Path:

@@ -99,7 +99,11 @@ def host_report(settings: Settings) -> dict[str, object]:
         "machine": platform.machine(),
         "profile": settings.profile,
         "interrupt_running_guests": native.SUPPORTED,
-        "quickjs": {"version": importlib.metadata.version("quickjs-ng"), "arena_bytes": native.ARENA_BYTES},
+        "quickjs": {
+            "version": importlib.metadata.version("quickjs-ng"),
+            "arena_bytes": native.ARENA_BYTES,
+            "discards_runtimes": native.DISCARDS_RUNTIMES,
+        },
         "protections": protections,
         "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),
         "warnings": sandbox.warnings(protections),
