@@ -63,6 +63,16 @@ def test_the_build_sets_the_arena_size_adds_the_discard_and_says_so(tmp_path: Pa
     assert f'version = "{build.VERSION}+arena2048.discard"' in (tree / "pyproject.toml").read_text()
 
 
+def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> None:
+    tree = sdist_tree(tmp_path, build.ARENA_LINE)
+    build.patch(tree, 2048, discard=False)
+    assert "JS_DiscardRuntime" not in (tree / build.QUICKJS_C).read_text()
+    namespace: dict[str, object] = {}
+    exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
+    assert namespace["DISCARDS_RUNTIMES"] is False
+    assert f'version = "{build.VERSION}+arena2048"\n' in (tree / "pyproject.toml").read_text()
+
+
 def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
     tree = sdist_tree(tmp_path, "#define JS_ARENA_SIZE 8192\n")
     with pytest.raises(SystemExit, match="not quickjs-ng"):

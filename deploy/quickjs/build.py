@@ -20,13 +20,15 @@ So this downloads the pinned quickjs-ng sdist from PyPI, makes those edits, labe
 headers, and takes about a minute. execbox-runner also runs on the PyPI wheel; ``execbox-runner
 info`` says which build is in use.
 
-Usage: ``.venv/bin/python deploy/quickjs/build.py [--arena-bytes 2048]``
+Usage: ``.venv/bin/python deploy/quickjs/build.py [--arena-bytes 2048] [--no-discard] [--target DIR]``
+(``--no-discard --target DIR`` builds the one to measure against, for ``PYTHONPATH=DIR``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import subprocess
 import sys
 import tarfile
@@ -184,10 +186,10 @@ void JS_FreeRuntime(JSRuntime *rt)
 )
 
 
-def label(arena_bytes: int) -> str:
+def label(arena_bytes: int, discard: bool = True) -> str:
     """The version the build installs as: PEP 440 ignores the local label when matching
     ``quickjs-ng>=0.17``, so the project's requirement still holds."""
-    return f"{VERSION}+arena{arena_bytes}.discard"
+    return f"{VERSION}+arena{arena_bytes}" + (".discard" if discard else "")
 
 
 def edit_once(text: str, old: str, new: str, where: str) -> str:
@@ -198,18 +200,20 @@ def edit_once(text: str, old: str, new: str, where: str) -> str:
     return text.replace(old, new)
 
 
-def patch(tree: Path, arena_bytes: int) -> None:
-    for name, old, new in ((QUICKJS_C, ARENA_LINE, ARENA_LINE.replace("4096", str(arena_bytes))), *DISCARD):
+def patch(tree: Path, arena_bytes: int, discard: bool = True) -> None:
+    arena = (QUICKJS_C, ARENA_LINE, ARENA_LINE.replace("4096", str(arena_bytes)))
+    for name, old, new in (arena, *(DISCARD if discard else ())):
         source = tree / name
         source.write_text(edit_once(source.read_text(), old, new, str(source)))
     module = tree / "quickjs" / "__init__.py"
     with module.open("a") as text:  # read by execbox_runner.worker.native
         text.write(
-            f"\n# Set by execbox-runner's deploy/quickjs/build.py.\nARENA_BYTES = {arena_bytes}\nDISCARDS_RUNTIMES = True\n"
+            f"\n# Set by execbox-runner's deploy/quickjs/build.py.\nARENA_BYTES = {arena_bytes}\nDISCARDS_RUNTIMES = {discard}\n"
         )
+    version = label(arena_bytes, discard)
     project = tree / "pyproject.toml"
     project.write_text(
-        edit_once(project.read_text(), f'version = "{VERSION}"\n', f'version = "{label(arena_bytes)}"\n', str(project))
+        edit_once(project.read_text(), f'version = "{VERSION}"\n', f'version = "{version}"\n', str(project))
     )
 
 
@@ -234,19 +238,29 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True)
 
 
-def installed() -> str | None:
+def installed(target: Path | None) -> str | None:
+    """The version of quickjs-ng in this environment, or in ``target``."""
     try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
+        if target is None:
+            return importlib.metadata.version(PACKAGE)
+        (found,) = importlib.metadata.distributions(name=PACKAGE, path=[str(target)])
+        return found.version
+    except (importlib.metadata.PackageNotFoundError, ValueError):
         return None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arena-bytes", type=int, choices=ARENA_CHOICES, default=2048)
+    parser.add_argument(
+        "--no-discard", dest="discard", action="store_false", help="leave out JS_DiscardRuntime (to measure against)"
+    )
+    parser.add_argument(
+        "--target", type=Path, help="install into this directory (for PYTHONPATH) instead of the environment"
+    )
     args = parser.parse_args()
-    wanted = label(args.arena_bytes)
-    if installed() == wanted:
+    wanted = label(args.arena_bytes, args.discard)
+    if installed(args.target) == wanted:
         print(f"{PACKAGE} {wanted} is installed already")
         return 0
     with tempfile.TemporaryDirectory() as scratch:
@@ -255,14 +269,17 @@ def main() -> int:
         (archive,) = where.glob("*.tar.gz")
         extract(archive, where)
         tree = where / archive.name.removesuffix(".tar.gz")
-        patch(tree, args.arena_bytes)
+        patch(tree, args.arena_bytes, args.discard)
         print(f"building {PACKAGE} {wanted} (about a minute)", flush=True)
-        pip("install", "--quiet", "--no-deps", "--force-reinstall", str(tree))
+        where_to = ["--target", str(args.target), "--upgrade"] if args.target else []
+        pip("install", "--quiet", "--no-deps", "--force-reinstall", *where_to, str(tree))
     probe = (
-        f"import quickjs; assert quickjs.ARENA_BYTES == {args.arena_bytes} and quickjs.Context().eval('6 * 7') == 42"
+        f"import quickjs; assert quickjs.ARENA_BYTES == {args.arena_bytes} and quickjs.DISCARDS_RUNTIMES == {args.discard} and "
+        "quickjs.Context().eval('6 * 7') == 42"
     )
-    check = subprocess.run([sys.executable, "-c", probe], check=False)
-    if installed() != wanted or check.returncode != 0:
+    env = {**os.environ, "PYTHONPATH": str(args.target)} if args.target else None
+    check = subprocess.run([sys.executable, "-c", probe], env=env, check=False)
+    if installed(args.target) != wanted or check.returncode != 0:
         raise SystemExit(f"{PACKAGE} {wanted} did not install")
     print(f"{PACKAGE} {wanted} installed")
     return 0
