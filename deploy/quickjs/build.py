@@ -7,9 +7,9 @@ execution is a runtime: with 2 KiB arenas each costs ~44 KiB less (README, "Memo
 arena size is a compile-time constant.
 
 Every execution also ends by freeing its runtime, and ``JS_FreeRuntime`` runs the cycle
-collector over every object the runtime made and frees them one by one: ~40 us of a worker's
-CPU per execution, most of it for the ~1,500 objects of the standard library that the guest
-never touched. Yet every block of a runtime sits in its own arenas or is a large block of its
+collector over every object of the runtime, then frees each object, shape, atom and string
+alone: ~40 us of a worker's CPU per execution, most of it for the standard library's, which
+the guest never touched. Yet every block of a runtime sits in its own arenas or is a large block of its
 own, so the build adds ``JS_DiscardRuntime``, which frees those arenas, the large blocks (each
 now linked in a list of its runtime's) and the runtime itself, touching no object, and the
 binding's ``Context`` uses it when no Python callable lives in the runtime (execbox-runner
