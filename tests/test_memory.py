@@ -28,17 +28,17 @@ SHAPES = {
 
 @pytest.mark.parametrize("limit", [1, 8, 16, 64])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_every_real_out_of_memory_is_memory_limit(shape: str, limit: int) -> None:
+def test_every_real_out_of_memory_is_memory_limit(shape: str, limit: int, budget: str) -> None:
     finished = run(SHAPES[shape].replace("LIMIT", str(limit * MIB)), memory=limit * MIB, budget=30)
     assert (finished.code, finished.message) == ("memory_limit", "Memory limit exceeded")
 
 
-def test_out_of_memory_from_which_the_guest_recovers_is_not_a_failure() -> None:
+def test_out_of_memory_from_which_the_guest_recovers_is_not_a_failure(budget: str) -> None:
     code = "let n = 0; try { const a = []; while (true) a.push(new Array(1000).fill(n++)) } catch {} n > 0"
     assert value(run(code, memory=8 * MIB)) is True
 
 
-def test_a_large_allocation_within_the_limit_succeeds() -> None:
+def test_a_large_allocation_within_the_limit_succeeds(budget: str) -> None:
     assert value(run("new Uint8Array(40 << 20).length", memory=64 * MIB)) == 40 << 20
 
 
@@ -115,7 +115,7 @@ def test_without_the_native_layout_quickjs_enforces_the_limit_itself(monkeypatch
     assert run(FORGERIES["an InternalError from a caught 'string too long'"]).code == "runtime_error"
 
 
-def test_refusals_are_counted_per_runtime() -> None:
+def test_refusals_are_counted_per_runtime(budget: str) -> None:
     bomb = run_message(SHAPES["arrays of arrays"], budget=10, memory=8 * MIB)
     calm, bomber = GuestRun(msgspec.structs.replace(bomb, code="1")), GuestRun(bomb)
     finished = bomber.start()

@@ -39,8 +39,10 @@ def sdist_tree(root: Path, arena_line: str) -> Path:
     (the real sdist is edited by ``.ci/run``, which builds it and runs the suite on the result)."""
     (root / "upstream-quickjs").mkdir(parents=True)
     (root / "quickjs").mkdir()
-    sources: dict[str, str] = {build.QUICKJS_C: f"#define JS_ARENA_ALIGN             8\n{arena_line}"}
-    for name, old, _ in build.DISCARD:
+    # The discard's texts hold three of the four calls the budget reroutes; arena_new the fourth.
+    arena_new = f"    ar = rt->mf.js_malloc(rt->malloc_state.opaque,\n{build.BUDGET_CHECK[1]}"
+    sources: dict[str, str] = {build.QUICKJS_C: f"#define JS_ARENA_ALIGN             8\n{arena_line}{arena_new}"}
+    for name, old, _ in (*build.BUDGET, *build.DISCARD):
         sources[name] = sources.get(name, "") + f"/* ... */\n{old}"
     for name, text in sources.items():
         (root / name).write_text(text)
@@ -49,18 +51,27 @@ def sdist_tree(root: Path, arena_line: str) -> Path:
     return root
 
 
-def test_the_build_sets_the_arena_size_adds_the_discard_and_says_so(tmp_path: Path) -> None:
+def test_the_build_sets_the_arena_size_adds_the_budget_and_the_discard_and_says_so(tmp_path: Path) -> None:
     tree = sdist_tree(tmp_path, build.ARENA_LINE)
     build.patch(tree, 2048)
     source = (tree / build.QUICKJS_C).read_text()
     assert "#define JS_ARENA_SIZE              2048\n" in source
     assert "void JS_DiscardRuntime(JSRuntime *rt)\n{" in source
-    assert all(new in (tree / name).read_text() for name, _, new in build.DISCARD)
+    for name, _, edited in (*build.BUDGET, *build.DISCARD):
+        expected = edited
+        for call, budgeted, _ in build.BUDGET_CALLS:  # the discard's calls, rerouted through the budget
+            expected = expected.replace(call, budgeted)
+        assert expected in (tree / name).read_text()
+    assert "static bool js_budget_refuses(JSRuntime *rt, ptrdiff_t size)\n" in source
+    # Every request to the backing allocator goes through the budget, except from the check itself.
+    assert [source.count(new) for _, new, _ in build.BUDGET_CALLS] == [times for _, _, times in build.BUDGET_CALLS]
+    assert source.count("rt->mf.js_malloc(rt->malloc_state.opaque,") == 1  # in js_budget_malloc
     namespace: dict[str, object] = {}
     exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
     assert namespace["ARENA_BYTES"] == 2048
+    assert namespace["NATIVE_BUDGET"] is True
     assert namespace["DISCARDS_RUNTIMES"] is True
-    assert f'version = "{build.VERSION}+arena2048.discard"' in (tree / "pyproject.toml").read_text()
+    assert f'version = "{build.VERSION}+arena2048.budget.discard"' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> None:
@@ -70,7 +81,7 @@ def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> 
     namespace: dict[str, object] = {}
     exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
     assert namespace["DISCARDS_RUNTIMES"] is False
-    assert f'version = "{build.VERSION}+arena2048"\n' in (tree / "pyproject.toml").read_text()
+    assert f'version = "{build.VERSION}+arena2048.budget"\n' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:

@@ -186,29 +186,110 @@ void JS_FreeRuntime(JSRuntime *rt)
 )
 
 
+# The memory budget in C (see the module docstring): the fields of a runtime's allocator state,
+# the arena allocator's four requests to the backing allocator routed through the check (each
+# call text and how often it occurs), and the check itself, defined ahead of its first use.
+BUDGET: tuple[tuple[str, str, str], ...] = (
+    (
+        QUICKJS_C,
+        """    void *opaque; /* user opaque */
+} JSMallocState;
+""",
+        """    void *opaque; /* user opaque */
+    size_t budget_limit; /* execbox-runner: 0, or the budget js_budget_refuses enforces */
+    size_t budget_refusals; /* requests it refused */
+} JSMallocState;
+""",
+    ),
+)
+BUDGET_CALLS: tuple[tuple[str, str, int], ...] = (
+    ("rt->mf.js_malloc(rt->malloc_state.opaque,", "js_budget_malloc(rt,", 2),
+    ("rt->mf.js_calloc(rt->malloc_state.opaque,", "js_budget_calloc(rt,", 1),
+    ("rt->mf.js_realloc(rt->malloc_state.opaque,", "js_budget_realloc(rt,", 1),
+)
+BUDGET_CHECK = (
+    QUICKJS_C,
+    "static no_inline JSArena *arena_new(JSRuntime *rt, int block_size_idx)\n",
+    """/* execbox-runner's memory budget (budget_limit; 0: none), checked where the arena allocator
+   asks the backing allocator for memory (an arena of small blocks, a large block): a request
+   that would take malloc_size past the limit is refused and counted. Once one was, requests no
+   larger than an arena may pass the limit by JS_BUDGET_RESERVE, so that QuickJS can still make
+   its out-of-memory error. */
+#define JS_BUDGET_RESERVE ((ptrdiff_t)64 << 10)
+
+static bool js_budget_refuses(JSRuntime *rt, ptrdiff_t size)
+{
+    JSMallocState *s = &rt->malloc_state;
+    ptrdiff_t limit = (ptrdiff_t)s->budget_limit;
+    ptrdiff_t after = (ptrdiff_t)s->malloc_size + size;
+
+    if (limit == 0 || after <= limit)
+        return false;
+    if (s->budget_refusals != 0 && size <= JS_ARENA_SIZE && after <= limit + JS_BUDGET_RESERVE)
+        return false;
+    s->budget_refusals++;
+    return true;
+}
+
+static void *js_budget_malloc(JSRuntime *rt, size_t size)
+{
+    if (js_budget_refuses(rt, (ptrdiff_t)size))
+        return NULL;
+    return rt->mf.js_malloc(rt->malloc_state.opaque, size);
+}
+
+static void *js_budget_calloc(JSRuntime *rt, size_t count, size_t size)
+{
+    if (js_budget_refuses(rt, (ptrdiff_t)(count * size)))
+        return NULL;
+    return rt->mf.js_calloc(rt->malloc_state.opaque, count, size);
+}
+
+static void *js_budget_realloc(JSRuntime *rt, void *ptr, size_t size)
+{
+    ptrdiff_t held = ptr ? (ptrdiff_t)rt->mf.js_malloc_usable_size(ptr) : 0;
+
+    if (js_budget_refuses(rt, (ptrdiff_t)size - held))
+        return NULL;
+    return rt->mf.js_realloc(rt->malloc_state.opaque, ptr, size);
+}
+
+static no_inline JSArena *arena_new(JSRuntime *rt, int block_size_idx)
+""",
+)
+
+
 def label(arena_bytes: int, discard: bool = True) -> str:
     """The version the build installs as: PEP 440 ignores the local label when matching
     ``quickjs-ng>=0.17``, so the project's requirement still holds."""
-    return f"{VERSION}+arena{arena_bytes}" + (".discard" if discard else "")
+    return f"{VERSION}+arena{arena_bytes}.budget" + (".discard" if discard else "")
 
 
-def edit_once(text: str, old: str, new: str, where: str) -> str:
-    """``text`` with its one ``old`` replaced; anything else means the sdist is not the one expected."""
+def edit_once(text: str, old: str, new: str, where: str, times: int = 1) -> str:
+    """``text`` with its ``times`` ``old`` replaced; another count means the sdist is not the one expected."""
     found = text.count(old)
-    if found != 1:
-        raise SystemExit(f"{where}: expected one {old.strip()!r}, found {found}: not quickjs-ng {VERSION}'s sdist")
+    if found != times:
+        raise SystemExit(
+            f"{where}: expected {times} of {old.strip()!r}, found {found}: not quickjs-ng {VERSION}'s sdist"
+        )
     return text.replace(old, new)
 
 
 def patch(tree: Path, arena_bytes: int, discard: bool = True) -> None:
     arena = (QUICKJS_C, ARENA_LINE, ARENA_LINE.replace("4096", str(arena_bytes)))
-    for name, old, new in (arena, *(DISCARD if discard else ())):
+    for name, old, new in (arena, *BUDGET, *(DISCARD if discard else ())):
         source = tree / name
         source.write_text(edit_once(source.read_text(), old, new, str(source)))
+    source = tree / QUICKJS_C
+    text = source.read_text()
+    for old, new, times in BUDGET_CALLS:
+        text = edit_once(text, old, new, str(source), times)
+    source.write_text(edit_once(text, *BUDGET_CHECK[1:], str(source)))
     module = tree / "quickjs" / "__init__.py"
-    with module.open("a") as text:  # read by execbox_runner.worker.native
-        text.write(
-            f"\n# Set by execbox-runner's deploy/quickjs/build.py.\nARENA_BYTES = {arena_bytes}\nDISCARDS_RUNTIMES = {discard}\n"
+    with module.open("a") as init:  # read by execbox_runner.worker.native
+        init.write(
+            f"\n# Set by execbox-runner's deploy/quickjs/build.py.\nARENA_BYTES = {arena_bytes}\n"
+            f"NATIVE_BUDGET = True\nDISCARDS_RUNTIMES = {discard}\n"
         )
     version = label(arena_bytes, discard)
     project = tree / "pyproject.toml"

@@ -19,7 +19,10 @@ compiled code, nor say that an allocation was refused, and all three matter here
   check, and counts what it refuses. A refusal is the evidence of a real
   out-of-memory: QuickJS's own failure values (an error object, ``null``, or
   no value at all when even that cannot be allocated) are all values guest
-  code can make or hold.
+  code can make or hold. A build of ``deploy/quickjs/build.py`` makes the same
+  check in C (``NATIVE_BUDGET``), where the arena allocator calls the hooks, and
+  then no hook is installed: each hook is a ctypes callback that takes the GIL
+  back while the guest runs, ~30 us of a worker's CPU per trivial execution.
 
 Both depend on the binding's private ``ContextData`` layout, verified once per
 process: the exported ``JS_GetRuntime`` must map the stored context pointer to
@@ -68,8 +71,13 @@ class _JSValue(ctypes.Structure):
     _fields_ = [("u", ctypes.c_int64), ("tag", ctypes.c_int64)]
 
 
+# Whether the QuickJS build checks a runtime's memory budget itself (``MemoryLimit``).
+NATIVE_BUDGET: Final[bool] = getattr(quickjs, "NATIVE_BUDGET", False)
+
+
 class _Allocator(ctypes.Structure):
-    """The head of QuickJS's JSRuntime: JSMallocFunctions, then JSMallocState."""
+    """The head of QuickJS's JSRuntime: JSMallocFunctions, then JSMallocState (with the budget's
+    limit and refusals where the build has them)."""
 
     _fields_ = [
         ("calloc", ctypes.c_void_p),
@@ -81,6 +89,7 @@ class _Allocator(ctypes.Structure):
         ("size", ctypes.c_size_t),
         ("limit", ctypes.c_size_t),
         ("opaque", ctypes.c_void_p),
+        *((("budget_limit", ctypes.c_size_t), ("budget_refusals", ctypes.c_size_t)) if NATIVE_BUDGET else ()),
     ]
 
 
@@ -220,8 +229,30 @@ _defaults: Final = _Defaults(quickjs.Context()) if SUPPORTED else None
 
 
 def hooks_memory() -> bool:
-    """Whether ``MemoryLimit`` enforces limits in the allocator hooks (else QuickJS's own limit applies)."""
+    """Whether ``MemoryLimit`` enforces limits where the arena allocator asks for memory, counting
+    refusals, in C or in the allocator hooks (else QuickJS's own limit applies)."""
     return _defaults is not None
+
+
+def _budget_holds() -> bool:
+    """The build's budget fields are where ``_Allocator`` reads them: a fresh runtime has no budget,
+    and one given a budget refuses a request past it and counts the refusal."""
+    context = quickjs.Context()
+    allocator = _allocator(context)
+    if allocator.budget_limit or allocator.budget_refusals:
+        return False
+    allocator.budget_limit = allocator.size + (256 << 10)
+    try:
+        context.eval('"x".repeat(1 << 21).length')
+    except quickjs.JSException:
+        pass
+    refused = int(allocator.budget_refusals)
+    allocator.budget_limit = 0
+    return refused == 1
+
+
+# The budget is checked in C where the build can and its fields are where they are expected.
+_native_budget: Final = NATIVE_BUDGET and _defaults is not None and _budget_holds()
 
 
 # The size of QuickJS's small-block arenas: 4 KiB in quickjs-ng's own builds; a build of
@@ -240,7 +271,8 @@ _RESERVE_BYTES: Final = 64 << 10
 
 
 class _Budget:
-    """What a runtime's hooks need: its allocator state (None once released), its limit, its refusals."""
+    """What a runtime's hooks need: its allocator state (None once released), its limit, its refusals
+    (with the budget in C: the refusals counted there, once released)."""
 
     __slots__ = ("allocator", "limit", "refusals")
 
@@ -290,9 +322,12 @@ class MemoryLimit:
             context.set_memory_limit(limit)
             return
         self._budget = _Budget(allocator, limit)
+        allocator.limit = 0  # QuickJS's own check off: the budget is checked in C or in the hooks
+        if _native_budget:
+            allocator.budget_limit = max(limit, 1)  # 0 would be no budget at all
+            return
         self._key = next(_keys)
         _budgets[self._key] = self._budget
-        allocator.limit = 0  # QuickJS's own check off: the hooks enforce the limit
         allocator.opaque = self._key
         allocator.calloc, allocator.malloc, allocator.realloc = _HOOKS
 
@@ -308,12 +343,20 @@ class MemoryLimit:
             return 0
         with _release_lock:
             allocator, self._budget.allocator = self._budget.allocator, None
-            return 0 if allocator is None else int(allocator.size)
+            if allocator is None:
+                return 0
+            if _native_budget:
+                self._budget.refusals = int(allocator.budget_refusals)
+            return int(allocator.size)
 
     @property
     def refusals(self) -> int:
         """Allocations refused for this runtime so far."""
-        return 0 if self._budget is None else self._budget.refusals
+        budget = self._budget
+        if budget is None:
+            return 0
+        allocator = budget.allocator  # read by the thread that runs the guest, which also releases it
+        return int(allocator.budget_refusals) if _native_budget and allocator is not None else budget.refusals
 
     @property
     def used(self) -> int:
