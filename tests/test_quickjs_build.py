@@ -186,10 +186,13 @@ def test_info_names_the_quickjs_build() -> None:
         "version": version,
         "arena_bytes": native.ARENA_BYTES,
         "discards_runtimes": native.DISCARDS_RUNTIMES,
+        "budget_in_c": native.budget_in_c(),
     }
     freeing = "runtimes discarded whole" if native.DISCARDS_RUNTIMES else "runtimes freed object by object"
+    budget = "memory budgets checked in C" if native.budget_in_c() else "memory budgets checked in Python hooks"
     text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
-    assert f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}" in text.splitlines()
+    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}"
+    assert line in text.splitlines()
 
 
 def sdist_archive(path: Path, *members: tuple[str, bytes | None]) -> Path:

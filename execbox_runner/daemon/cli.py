@@ -92,7 +92,8 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     print(f"network namespace made by: {report['network_mechanism']}")
     quickjs = report["quickjs"]
     freeing = "runtimes discarded whole" if quickjs["discards_runtimes"] else "runtimes freed object by object"  # type: ignore[index]
-    print(f"quickjs-ng {quickjs['version']}: {quickjs['arena_bytes'] // 1024} KiB arenas, {freeing}")  # type: ignore[index]
+    budget = "memory budgets checked in C" if quickjs["budget_in_c"] else "memory budgets checked in Python hooks"  # type: ignore[index]
+    print(f"quickjs-ng {quickjs['version']}: {quickjs['arena_bytes'] // 1024} KiB arenas, {freeing}, {budget}")  # type: ignore[index]
     for warning in report["warnings"]:  # type: ignore[attr-defined]
         print(f"warning: {warning}")
     for name in report["unsafe_settings"]:  # type: ignore[attr-defined]

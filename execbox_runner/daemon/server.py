@@ -103,6 +103,7 @@ def host_report(settings: Settings) -> dict[str, object]:
             "version": importlib.metadata.version("quickjs-ng"),
             "arena_bytes": native.ARENA_BYTES,
             "discards_runtimes": native.DISCARDS_RUNTIMES,
+            "budget_in_c": native.budget_in_c(),
         },
         "protections": protections,
         "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),

@@ -255,6 +255,11 @@ def _budget_holds() -> bool:
 _native_budget: Final = NATIVE_BUDGET and _defaults is not None and _budget_holds()
 
 
+def budget_in_c() -> bool:
+    """Whether ``MemoryLimit`` checks budgets in C (else in the allocator hooks, or QuickJS's own limit)."""
+    return _native_budget
+
+
 # The size of QuickJS's small-block arenas: 4 KiB in quickjs-ng's own builds; a build of
 # ``deploy/quickjs/build.py`` has smaller ones and says so in the module.
 ARENA_BYTES: Final[int] = getattr(quickjs, "ARENA_BYTES", 4096)
