@@ -22,7 +22,7 @@ compiled code, nor say that an allocation was refused, and all three matter here
   code can make or hold. A build of ``deploy/quickjs/build.py`` makes the same
   check in C (``NATIVE_BUDGET``), where the arena allocator calls the hooks, and
   then no hook is installed: each hook is a ctypes callback that takes the GIL
-  back while the guest runs, ~30 us of a worker's CPU per trivial execution.
+  back while the guest runs: ~15 us of a worker's CPU per trivial execution.
 
 Both depend on the binding's private ``ContextData`` layout, verified once per
 process: the exported ``JS_GetRuntime`` must map the stored context pointer to
