@@ -51,6 +51,13 @@ def sdist_tree(root: Path, arena_line: str) -> Path:
     return root
 
 
+def module_settings(tree: Path) -> dict[str, object]:
+    """What the patched ``quickjs/__init__.py`` sets (without importing the extension)."""
+    namespace: dict[str, object] = {}
+    exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
+    return namespace
+
+
 def test_the_build_sets_the_arena_size_adds_the_budget_and_the_discard_and_says_so(tmp_path: Path) -> None:
     tree = sdist_tree(tmp_path, build.ARENA_LINE)
     build.patch(tree, 2048)
@@ -66,8 +73,7 @@ def test_the_build_sets_the_arena_size_adds_the_budget_and_the_discard_and_says_
     # Every request to the backing allocator goes through the budget, except from the check itself.
     assert [source.count(new) for _, new, _ in build.BUDGET_CALLS] == [times for _, _, times in build.BUDGET_CALLS]
     assert source.count("rt->mf.js_malloc(rt->malloc_state.opaque,") == 1  # in js_budget_malloc
-    namespace: dict[str, object] = {}
-    exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
+    namespace = module_settings(tree)
     assert namespace["ARENA_BYTES"] == 2048
     assert namespace["NATIVE_BUDGET"] is True
     assert namespace["DISCARDS_RUNTIMES"] is True
@@ -78,8 +84,7 @@ def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> 
     tree = sdist_tree(tmp_path, build.ARENA_LINE)
     build.patch(tree, 2048, discard=False)
     assert "JS_DiscardRuntime" not in (tree / build.QUICKJS_C).read_text()
-    namespace: dict[str, object] = {}
-    exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
+    namespace = module_settings(tree)
     assert namespace["DISCARDS_RUNTIMES"] is False
     assert f'version = "{build.VERSION}+arena2048.budget"\n' in (tree / "pyproject.toml").read_text()
 

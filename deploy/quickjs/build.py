@@ -1,5 +1,5 @@
-"""Build quickjs-ng with smaller allocator arenas and a whole-runtime discard, and install it into
-this interpreter's environment.
+"""Build quickjs-ng with smaller allocator arenas, memory budgets checked in C and a whole-runtime
+discard, and install it into this interpreter's environment.
 
 QuickJS-ng serves small allocations from 4 KiB arenas, one or more per size class (31 of
 them), so a fresh runtime holds ~69 KiB of arena space it has not used yet. Every parked
@@ -15,8 +15,13 @@ now linked in a list of its runtime's) and the runtime itself, touching no objec
 binding's ``Context`` uses it when no Python callable lives in the runtime (execbox-runner
 adds none; with one, finalizers must run and the full free is used).
 
+execbox-runner enforces each execution's memory limit where the arena allocator asks the backing
+allocator for memory (an arena, a large block), counting refusals (``worker/native.py``). Done in
+Python allocator hooks, that is a ctypes callback taking the GIL back while the guest runs; the
+build makes the same check in C (``js_budget_refuses``, its limit and count in ``JSMallocState``).
+
 So this downloads the pinned quickjs-ng sdist from PyPI, makes those edits, labels the version
-(``0.17.0.2+arena2048.discard``) and installs it with pip. It needs a C compiler and the Python
+(``0.17.0.2+arena2048.budget.discard``) and installs it with pip. It needs a C compiler and the Python
 headers, and takes about a minute. execbox-runner also runs on the PyPI wheel; ``execbox-runner
 info`` says which build is in use.
 
