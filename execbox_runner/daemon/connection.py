@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Final, ParamSpec
 
 import msgspec
-import trio
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
@@ -58,6 +57,7 @@ from .workers import Lease, WorkerLost
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL: Final = 1000
+_WEBSOCKETS_LOG: Final = logging.getLogger("websockets.server")  # the logger websockets' server side would look up
 _P = ParamSpec("_P")
 
 
@@ -112,7 +112,7 @@ class Connection:
         self._close_deadline = math.inf  # set once the closing handshake starts
         self._timer: Timer | None = None
         self.transport = Transport(reactor, sock, self, send_timeout=settings.send_timeout, tls=tls)
-        self._set_timer(trio.current_time() + settings.handshake_timeout)
+        self._set_timer(self._reactor.now() + settings.handshake_timeout)
 
     # ------------------------------------------------------------------ entry points
 
@@ -161,7 +161,7 @@ class Connection:
         """The daemon is stopping: cancel this session's execution (it gets its done), then close.
         A connection still in its handshake is refused by then (503)."""
         if self._counted:  # an open session (counted from its handshake to its end)
-            self._guarded(self._perform, self.session.shutdown(trio.current_time()))
+            self._guarded(self._perform, self.session.shutdown(self._reactor.now()))
 
     def has_sent(self) -> bool:
         """Whether the peer's bytes wait unread (for the handshake bound)."""
@@ -198,7 +198,7 @@ class Connection:
         if self._parser is None:
             upgrade = handshake.parse_upgrade(data)
             if upgrade is not None:
-                self.ws = Protocol(Side.SERVER, max_size=self.settings.max_message_bytes)
+                self.ws = Protocol(Side.SERVER, max_size=self.settings.max_message_bytes, logger=_WEBSOCKETS_LOG)
                 self.ws.receive_data(upgrade.rest)
                 self._accept(upgrade.request, self.ws.events_received(), upgrade.accept)
                 return
@@ -252,7 +252,7 @@ class Connection:
             return
         self.state.sessions += 1
         self._counted = True
-        self._idle_since = trio.current_time()
+        self._idle_since = self._reactor.now()
         self._rearm_timer()
         self._frames(after)
 
@@ -289,7 +289,7 @@ class Connection:
             self._rearm_timer()
 
     def _frame(self, frame: Frame) -> None:
-        now = trio.current_time()
+        now = self._reactor.now()
         opcode = frame.opcode
         payload = bytes(frame.data)  # already bytes from the parser: no copy
         if opcode is Opcode.TEXT:
@@ -315,21 +315,22 @@ class Connection:
 
     def _perform(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, SendToHost):
-                self._send_text(action.data)
-            elif isinstance(action, StartRun):
-                self._start_run(action.run)
-            elif isinstance(action, SendToWorker):
-                self._to_worker(action.message)
-            elif isinstance(action, ReleaseWorker):
-                self._release(action.misbehaved)
-            elif isinstance(action, CloseTransport):
-                self._close(action.code, action.reason)
-            elif isinstance(action, ExecutionEnded):
-                self._observe(action)
+            match action:
+                case SendToHost(data=data):
+                    self._send_text(data)
+                case StartRun(run=run):
+                    self._start_run(run)
+                case SendToWorker(message=message):
+                    self._to_worker(message)
+                case ReleaseWorker(misbehaved=misbehaved):
+                    self._release(misbehaved)
+                case CloseTransport(code=code, reason=reason):
+                    self._close(code, reason)
+                case ExecutionEnded():
+                    self._observe(action)
         if self.session.execution_id is None:
             if self._idle_since is None and self.session.phase is not Phase.CLOSED:
-                self._idle_since = trio.current_time()
+                self._idle_since = self._reactor.now()
         else:
             self._idle_since = None
         self._rearm_timer()
@@ -372,7 +373,7 @@ class Connection:
     def _closing_handshake_began(self) -> None:
         """A close frame has gone, either way: the host has ``close_timeout`` to finish the handshake."""
         if self._close_deadline == math.inf:
-            self._close_deadline = trio.current_time() + self.settings.close_timeout
+            self._close_deadline = self._reactor.now() + self.settings.close_timeout
 
     def _flush(self) -> None:
         """Send what the protocol has queued (the transport bounds it in time)."""
@@ -406,7 +407,7 @@ class Connection:
             # The session let the slot go (and may run the next execution) while this message
             # was on its way: it is not the session's any more.
             return
-        now = trio.current_time()
+        now = self._reactor.now()
         if isinstance(message, ipc.ToolCalls):
             self._perform(self.session.worker_tool_calls(message, now))
         else:
@@ -414,7 +415,7 @@ class Connection:
 
     def _worker_lost(self, lease: Lease, reason: WorkerLost) -> None:
         if self.lease is lease:
-            self._perform(self.session.worker_lost(trio.current_time(), str(reason)))
+            self._perform(self.session.worker_lost(self._reactor.now(), str(reason)))
 
     def _left_of(self, run: ipc.Run) -> ipc.Run:
         """``run`` with the time left of its budget now: a wait for room in the pool counts, so the
@@ -422,14 +423,14 @@ class Connection:
         deadline = self.session.deadline
         if deadline is None:
             return run
-        return msgspec.structs.replace(run, budget_s=max(0.0, deadline - trio.current_time()))
+        return msgspec.structs.replace(run, budget_s=max(0.0, deadline - self._reactor.now()))
 
     def _to_worker(self, message: ipc.Settle | ipc.Abort) -> None:
         lease = self.lease
         if lease is None:
             # Aborted before a slot was leased: stop waiting for one.
             self._stop_waiting()
-            self._perform(self.session.worker_lost(trio.current_time(), "no worker"))
+            self._perform(self.session.worker_lost(self._reactor.now(), "no worker"))
             return
         lease.send(message)
 
@@ -460,9 +461,13 @@ class Connection:
             self._set_timer(min(self._deadline(), self._close_deadline))
 
     def _set_timer(self, deadline: float) -> None:
+        """Have ``_expire`` run by ``deadline``. A timer due sooner is kept, and ``_expire`` finds
+        nothing due then and re-arms: a session's deadline mostly moves later (the handshake's
+        bound, then the execution's, then the next idle period), and keeping costs less than
+        replacing."""
         timer = self._timer
         if timer is not None:
-            if timer.deadline == deadline:
+            if timer.deadline <= deadline:
                 return
             timer.cancel()
         self._timer = None if deadline == math.inf else self._reactor.call_at(deadline, self._timer_fired)
@@ -474,7 +479,7 @@ class Connection:
     def _expire(self) -> None:
         if self._ended:
             return
-        now = trio.current_time()
+        now = self._reactor.now()
         if not self._counted or now >= self._close_deadline:
             self._end()  # the handshake, or the closing handshake, took too long
             return
@@ -491,15 +496,18 @@ class Connection:
         if self._ended:
             return
         self._ended = True
-        self._set_timer(math.inf)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._counted:
             self._counted = False
             self.state.sessions -= 1
-        for action in self.session.transport_closed(trio.current_time()):
-            if isinstance(action, ReleaseWorker):
-                self._release(action.misbehaved)
-            elif isinstance(action, ExecutionEnded):
-                self._observe(action)
+        for action in self.session.transport_closed(self._reactor.now()):
+            match action:
+                case ReleaseWorker(misbehaved=misbehaved):
+                    self._release(misbehaved)
+                case ExecutionEnded():
+                    self._observe(action)
         self.transport.close(self.settings.close_timeout if self._eof else None)
         if self.recorder is not None:
             self.recorder.close()

@@ -30,9 +30,10 @@ from websockets.utils import accept_key
 
 # A request past websockets' limits (a longer line with its CRLF, more headers; its operator may
 # set them) is left to it: it takes websockets' path and gets its answer (414, 431).
-# HTTP's token and field-value grammars (RFC 9110), as websockets checks them.
+# HTTP's token and field-value grammars (RFC 9110), as websockets checks them; the header lines
+# are checked together, each a CRLF, a name, a colon and a value (neither holds a CR or an LF).
 _TOKEN: Final = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
-_VALUE: Final = re.compile(rb"[\x09\x20-\x7e\x80-\xff]*")
+_HEADER_LINES: Final = re.compile(rb"(?:\r\n[-!#$%&'*+.^_`|~0-9a-zA-Z]+:[\x09\x20-\x7e\x80-\xff]*)*")
 _END: Final = b"\r\n\r\n"
 
 
@@ -53,19 +54,22 @@ def parse_upgrade(data: bytes | bytearray) -> Upgrade | None:
     end = data.find(_END)
     if end < 0:
         return None
-    lines = data[:end].split(b"\r\n")
-    if len(lines) > MAX_NUM_HEADERS + 1 or any(len(line) + 2 > MAX_LINE_LENGTH for line in lines):
-        return None
-    parts = lines[0].split(b" ")
+    head = data[:end]
+    first = head.find(b"\r\n")
+    if first < 0:
+        return None  # no header lines: no upgrade asked for
+    parts = head[:first].split(b" ")
     if len(parts) != 3 or parts[0] != b"GET" or parts[2] != b"HTTP/1.1" or not parts[1].isascii():
         return None
+    if not _HEADER_LINES.fullmatch(head, first):
+        return None
+    lines = head[first + 2 :].decode("iso-8859-1").split("\r\n")
+    if len(lines) > MAX_NUM_HEADERS or max(first, *map(len, lines)) + 2 > MAX_LINE_LENGTH:
+        return None
     headers = Headers()
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        value = value.strip(b" \t")
-        if not colon or not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
-            return None
-        headers[name.decode("ascii")] = value.decode("iso-8859-1")
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name] = value.strip(" \t")
     accept = _accept_key(headers)
     if accept is None:
         return None

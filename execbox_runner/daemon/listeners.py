@@ -147,7 +147,7 @@ class Acceptor:
                 if exc.errno not in OUT_OF_DESCRIPTORS:
                     log.error("cannot accept a connection: %s", exc)
                 self._reactor.unregister(self._listener.fileno())
-                self._reactor.call_at(trio.current_time() + RETRY_S, self._resume)
+                self._reactor.call_at(self._reactor.now() + RETRY_S, self._resume)
                 return
             if accepted is None:
                 return

@@ -21,8 +21,6 @@ import socket
 import ssl
 from typing import Final, Protocol
 
-import trio
-
 from .reactor import READ, WRITE, Reactor, Timer
 
 log = logging.getLogger(__name__)
@@ -104,7 +102,7 @@ class Transport:
     def has_sent(self) -> bool:
         """Whether bytes from the peer wait unread (peeked, not consumed)."""
         try:
-            return self.open and bool(self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            return self.fd >= 0 and bool(self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
         except OSError:  # nothing yet (EAGAIN), or broken
             return False
 
@@ -112,7 +110,7 @@ class Transport:
 
     def write(self, data: bytes) -> None:
         """Send ``data`` after what was written before it (see the module docstring)."""
-        if not self.open or self._closing:
+        if self.fd < 0 or self._closing:
             return
         self._queued_bytes += len(data)
         if self._queued is not None:
@@ -123,7 +121,7 @@ class Transport:
 
     def _flush(self) -> None:
         queued, self._queued, self._queued_bytes = self._queued, None, 0
-        if not queued or not self.open:
+        if not queued or self.fd < 0:
             return
         data = queued[0] if len(queued) == 1 else b"".join(queued)
         if self._tls is not None:
@@ -152,7 +150,7 @@ class Transport:
         if sent < len(data):
             self._backlog = bytearray(memoryview(data)[sent:])
             self._reactor.modify(self.fd, WRITE)  # and read nothing more until it is written
-            self._timer = self._reactor.call_at(trio.current_time() + self._send_timeout, self._stopped_reading)
+            self._timer = self._reactor.call_at(self._reactor.now() + self._send_timeout, self._stopped_reading)
 
     def _drain(self) -> None:
         assert self._backlog is not None
@@ -189,7 +187,7 @@ class Transport:
 
     def read_now(self) -> None:
         """Read what has arrived, if anything, and hand it on."""
-        if not self.open or self._backlog is not None:
+        if self.fd < 0 or self._backlog is not None:
             return
         try:
             data = os.read(self.fd, RECEIVE_BYTES)
@@ -233,9 +231,9 @@ class Transport:
             self._fail(f"TLS: {exc.reason or exc}")
             return
         self._send(self._tls_pending())  # the handshake's answers
-        if plaintext and self.open:
+        if plaintext and self.fd >= 0:
             self._receiver.received(b"".join(plaintext))
-        if ended and self.open:
+        if ended and self.fd >= 0:
             self._receiver.ended()
 
     def _tls_pending(self) -> bytes:
@@ -249,7 +247,7 @@ class Transport:
         whose bytes are still unread is read (and its bytes discarded) up to this long first:
         closing a socket with unread data resets the connection, and the reset can overtake the
         close frame. TLS has no half-close, so there is nothing to linger for."""
-        if not self.open or self._closing:
+        if self.fd < 0 or self._closing:
             return
         self._flush()
         if self.fd < 0:  # the flush found the connection broken
@@ -263,7 +261,7 @@ class Transport:
             except ssl.SSLError:
                 pass
             self._send(self._tls_pending())
-        if self.open and self._backlog is None:
+        if self.fd >= 0 and self._backlog is None:
             self._finish_close()
 
     def _finish_close(self) -> None:
@@ -274,13 +272,13 @@ class Transport:
                 self.abort()
                 return
             self._reactor.modify(self.fd, READ)
-            self._timer = self._reactor.call_at(trio.current_time() + self._linger_s, self.abort)
+            self._timer = self._reactor.call_at(self._reactor.now() + self._linger_s, self.abort)
             return
         self.abort()
 
     def abort(self) -> None:
         """Close now, whatever is left unwritten."""
-        if not self.open:
+        if self.fd < 0:
             return
         self._cancel_timer()
         self._reactor.unregister(self.fd)
