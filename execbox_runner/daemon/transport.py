@@ -119,7 +119,8 @@ class Transport:
         self._queued = [data]
         self._reactor.later(self._flush)
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = False) -> None:
+        """``last``: the close follows at once (see ``_send``)."""
         queued, self._queued, self._queued_bytes = self._queued, None, 0
         if not queued or self.fd < 0:
             return
@@ -130,18 +131,20 @@ class Transport:
             except ssl.SSLError as exc:
                 self._fail(f"TLS: {exc}")
                 return
-            self._send(self._tls_pending())
+            self._send(self._tls_pending(), last)
         else:
-            self._send(data)
+            self._send(data, last)
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, last: bool = False) -> None:
+        """``last``: the close follows at once, so the kernel holds the bytes (``MSG_MORE``) and
+        sends them with the FIN in one segment: a loopback segment less costs the daemon ~4 us."""
         if not data:
             return
         if self._backlog is not None:
             self._backlog += data
             return
         try:
-            sent = os.write(self.fd, data)
+            sent = self._sock.send(data, socket.MSG_MORE) if last else os.write(self.fd, data)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
@@ -249,7 +252,7 @@ class Transport:
         close frame. TLS has no half-close, so there is nothing to linger for."""
         if self.fd < 0 or self._closing:
             return
-        self._flush()
+        self._flush(last=self._tls is None)
         if self.fd < 0:  # the flush found the connection broken
             return
         self._closing = True
@@ -260,7 +263,7 @@ class Transport:
                 self._tls.unwrap()  # close_notify
             except ssl.SSLError:
                 pass
-            self._send(self._tls_pending())
+            self._send(self._tls_pending(), last=True)
         if self.fd >= 0 and self._backlog is None:
             self._finish_close()
 
