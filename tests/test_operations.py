@@ -66,6 +66,27 @@ def test_idle_sessions_are_closed(daemon: Daemon) -> None:
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
 
 
+def test_a_session_outlives_its_handshake_bound_and_idles_only_between_executions() -> None:
+    """The session's one timer: the handshake's bound (0.3 s) and the idle timeout (0.5 s) pass
+    while an execution awaits its tool for 0.8 s, and neither ends it; once it is done, the idle
+    timeout closes the session, measured from then."""
+    with running_daemon("--handshake-timeout", "0.3", "--idle-timeout", "0.5") as d, client(d.url) as ws:
+        ws.send(execute("long", "return await tools.echo({ n: 1 })", timeoutMs=5000))
+        assert receive(ws)["type"] == "started"
+        call = receive(ws)
+        assert call["type"] == "tool_call"
+        time.sleep(0.8)
+        ws.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": {"n": 2}}))
+        done = receive(ws)
+        assert done["type"] == "done" and done["ok"] and done["result"] == {"n": 2}
+        finished = time.monotonic()
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+        assert closed.value.rcvd.reason == "no execute within 0.5 s"
+        assert time.monotonic() - finished >= 0.45
+
+
 UPGRADE = (
     b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
