@@ -137,7 +137,7 @@ class Transport:
 
     def _send(self, data: bytes, last: bool = False) -> None:
         """``last``: the close follows at once, so the kernel holds the bytes (``MSG_MORE``) and
-        sends them with the FIN in one segment: a loopback segment less costs the daemon ~4 us."""
+        sends them with the FIN in one segment (on loopback, one segment fewer saves ~4 us)."""
         if not data:
             return
         if self._backlog is not None:
