@@ -93,13 +93,25 @@ def start_server(process: subprocess.Popen[str], marker: str) -> Server:
 
 
 def start_daemon(
-    warm_workers: int | None = None, extra_args: list[str] | None = None, prefix: list[str] | None = None
+    warm_workers: int | None = None,
+    extra_args: list[str] | None = None,
+    prefix: list[str] | None = None,
+    checkout: Path | None = None,
+    pythonpath: str | None = None,
 ) -> Server:
     """``python -m execbox_runner serve`` on a free loopback port, quiet below warnings; ``prefix``
-    runs it under another command (``taskset -c 0``)."""
+    runs it under another command (``taskset -c 0``). ``checkout``: run that checkout's daemon
+    instead (``-m`` imports from the working directory first, and the workers inherit it);
+    ``pythonpath``: put this first on its ``PYTHONPATH`` (a QuickJS build made with
+    ``deploy/quickjs/build.py --target``)."""
     argv = [*(prefix or []), sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
     argv += ["--log-level", "WARNING"]
     if warm_workers is not None:
         argv += ["--warm-workers", str(warm_workers)]
     argv += extra_args or []
-    return start_server(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True), DAEMON_LISTENING)
+    env = None
+    if checkout is not None or pythonpath is not None:
+        paths = [pythonpath, str(checkout) if checkout else None, os.environ.get("PYTHONPATH")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=checkout, env=env)
+    return start_server(process, DAEMON_LISTENING)

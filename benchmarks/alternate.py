@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""CPU per trivial execution at c=64, this checkout's daemon alternated with another checkout's.
+
+On this shared machine the whole tree's figure at c=64 moves by 20% from run to
+run, where a change moves it by a few percent: the only fair comparison is many
+runs, alternated, under the same conditions. Each pair starts the daemon of
+this checkout and that of ``--other`` (a checkout of another commit, optionally
+with ``--other-pythonpath`` first on its path: a QuickJS build made with
+``deploy/quickjs/build.py --target``), in turn and in alternating order, with
+default settings; warms it up at the concurrency, waits for its pool to settle
+and runs the throughput load (``1+1``, a fresh connection per execution) for
+``--duration`` seconds. Prints every run (rate; CPU of the daemon's tree, of the
+daemon and of its workers per execution), then each side's range and median,
+and in how many runs each met ``--target-us`` (issue 9: 600 us).
+
+    python benchmarks/alternate.py --other PATH [--pairs 5] [--concurrency 64] [--duration 4]
+
+It asserts nothing about time; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchkit.processes import start_daemon
+from benchkit.procfs import wait_pool_settled
+from benchkit.throughput import run_throughput
+from benchkit.workload import THROUGHPUT_CODE
+
+THIS: Path = Path(__file__).resolve().parent.parent
+WARM_UP_S = 2.0
+FIGURES = ("daemon_plus_workers_us_per_exec", "daemon_us_per_exec", "workers_us_per_exec")
+
+
+def measure(checkout: Path, pythonpath: str | None, concurrency: int, duration: float) -> dict[str, Any]:
+    """One run: a fresh daemon of ``checkout``, warmed up, then the load."""
+    daemon = start_daemon(checkout=checkout, pythonpath=pythonpath)
+    try:
+        pid = daemon.process.pid
+        run_throughput(daemon.url, "raw", concurrency, WARM_UP_S, 1, THROUGHPUT_CODE, pid)
+        wait_pool_settled(pid)
+        return run_throughput(daemon.url, "raw", concurrency, duration, 1, THROUGHPUT_CODE, pid)
+    finally:
+        daemon.stop()
+
+
+def line(label: str, result: dict[str, Any]) -> str:
+    total, daemon, workers = (result.get(key) for key in FIGURES)
+    return (
+        f"  {label:<6} {result['executions_per_s']:8.1f} exec/s  tree {total} us/exec"
+        f"  (daemon {daemon}, workers {workers})  failures {result['failures']}"
+    )
+
+
+def summary(label: str, results: list[dict[str, Any]], target: float) -> str:
+    totals = [r["daemon_plus_workers_us_per_exec"] for r in results if r.get("daemon_plus_workers_us_per_exec")]
+    daemons = [r["daemon_us_per_exec"] for r in results if r.get("daemon_us_per_exec")]
+    if not totals:
+        return f"  {label:<6} no CPU figures"
+    met = sum(total <= target for total in totals)
+    return (
+        f"  {label:<6} tree {min(totals):.0f}-{max(totals):.0f} us, median {statistics.median(totals):.0f}"
+        f" (daemon median {statistics.median(daemons):.0f}); <= {target:g} us in {met} of {len(totals)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--other", type=Path, required=True, help="a checkout of another commit")
+    parser.add_argument("--other-pythonpath", help="first on the other daemon's PYTHONPATH (a QuickJS build)")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds of load per run")
+    parser.add_argument("--target-us", type=float, default=600.0)
+    args = parser.parse_args()
+    other = args.other.resolve()
+    sides = {"this": (THIS, None), "other": (other, args.other_pythonpath)}
+    results: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
+    print(f"c={args.concurrency}, {args.duration:g} s per run; this = {THIS}, other = {other}")
+    for pair in range(args.pairs):
+        order = ("this", "other") if pair % 2 == 0 else ("other", "this")
+        for label in order:
+            checkout, pythonpath = sides[label]
+            result = measure(checkout, pythonpath, args.concurrency, args.duration)
+            results[label].append(result)
+            print(line(label, result), flush=True)
+    print("summary:")
+    for label, runs in results.items():
+        print(summary(label, runs, args.target_us))
+
+
+if __name__ == "__main__":
+    main()
