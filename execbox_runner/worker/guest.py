@@ -84,13 +84,14 @@ _bytecode: native.Bytecode | None = None
 def fresh_runtime() -> Runtime:
     """A new runtime; from the bootstrap compiled once per process where QuickJS allows.
 
-    That is where the native layout holds in full, allocator hooks included: without it
-    every fallback applies together (see ``native``), the bootstrap's source among them.
+    That is where the native layout holds (``native.SUPPORTED``, memory budgets included):
+    without it every fallback applies together (see ``native``), the bootstrap's source
+    among them.
     """
     global _bytecode
     context = quickjs.Context()
     context.set_max_stack_size(MAX_STACK_BYTES)
-    if native.SUPPORTED and native.hooks_memory():
+    if native.SUPPORTED:
         if _bytecode is None:
             _bytecode = native.Bytecode(f"globalThis[{json.dumps(_BOOTSTRAP_KEY)}] =\n{BOOTSTRAP}", "bootstrap.js")
         _bytecode.run(context)

@@ -228,7 +228,7 @@ class _Defaults:
 _defaults: Final = _Defaults(quickjs.Context()) if SUPPORTED else None
 
 
-def hooks_memory() -> bool:
+def budgets_memory() -> bool:
     """Whether ``MemoryLimit`` enforces limits where the arena allocator asks for memory, counting
     refusals, in C or in the allocator hooks (else QuickJS's own limit applies)."""
     return _defaults is not None
