@@ -19,7 +19,9 @@ import logging
 import re
 import secrets
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -66,12 +68,67 @@ class JsonFormatter(logging.Formatter):
             return json.dumps(line, default=str, separators=(",", ":"))
 
 
+class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
+    """The daemon's handler: each line is written at once, except while ``defer`` is set (by the
+    server, to its reactor's ``later``): then a line logged on the main thread waits for the end of
+    the reactor's pass, and the pass's lines go to the stream in one write. One write per
+    execution line cost the daemon a system call, and its reader a wake-up, per execution."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self._pending: list[str] = []
+        self._main = threading.get_ident()
+        self.defer: Callable[[Callable[[], None]], None] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:  # called under ``self.lock``
+        try:
+            self._pending.append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+            return
+        defer = self.defer
+        if defer is None or threading.get_ident() != self._main:
+            self._write()
+        elif len(self._pending) == 1:
+            defer(self.flush)
+
+    def flush(self) -> None:
+        self.acquire()
+        try:
+            self._write()
+        finally:
+            self.release()
+
+    def _write(self) -> None:
+        """The pending lines in one write. A stream that fails (stderr closed) loses them: nothing
+        here may raise, as it runs at the end of a reactor pass (which logs what raises there)."""
+        if not self._pending:
+            return
+        text = "".join(self._pending)
+        self._pending.clear()
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except Exception:  # noqa: S110 - logging a failure to log would come back here
+            pass
+
+
+def defer_lines(later: Callable[[Callable[[], None]], None] | None) -> None:
+    """Batch the daemon's lines per reactor pass through ``later`` (None: write each at once, and
+    write what is pending now). No-op unless ``configure`` installed the daemon's handler."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, LineWriter):
+            handler.defer = later
+            if later is None:
+                handler.flush()
+
+
 def configure(level: str, json_lines: bool) -> None:
     # No line says which thread, process or source line logged it: finding them costs every
     # line a few microseconds (the logging HOWTO's "Optimization").
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging._srcfile = None  # the documented switch for caller lookup
-    handler = logging.StreamHandler(sys.stderr)
+    handler = LineWriter()
     handler.setFormatter(
         JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )

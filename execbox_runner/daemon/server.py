@@ -39,6 +39,7 @@ import trio
 
 from .. import __version__
 from ..worker import native, sandbox
+from . import logs
 from .config import Settings, read_tokens
 from .connection import Connection
 from .endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
@@ -420,9 +421,11 @@ class Daemon:
     async def _run_reactor(self) -> None:
         """The reactor's task: every network socket, and the workers' channels, until cancelled; then
         every connection is closed (an execution still running is abandoned, its worker told to abort)."""
+        logs.defer_lines(self.reactor.later)  # each pass's log lines in one write
         try:
             await self.reactor.run()
         finally:
+            logs.defer_lines(None)
             for acceptor in self.acceptors:
                 acceptor.close()
             for connection in list(self.connections):
