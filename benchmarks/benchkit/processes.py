@@ -9,11 +9,12 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import IO, Final
 
 STARTUP_TIMEOUT_S: Final = 60.0
 STOP_TIMEOUT_S: Final = 10.0
@@ -23,10 +24,11 @@ _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parent.parent)  # the direct
 
 @dataclass
 class Server:
-    """A server subprocess and the URL it printed."""
+    """A server subprocess and the URL it printed (and the file its log lines go to, if any)."""
 
     process: subprocess.Popen[str]
     url: str
+    log: IO[str] | None = None
 
     def stop(self) -> None:
         """Close its stdin; SIGTERM, then SIGKILL if it lingers (only this process, by its PID)."""
@@ -39,6 +41,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.log is not None:
+            self.log.close()
 
 
 def popen_module(module: str, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
@@ -99,13 +103,14 @@ def start_daemon(
     checkout: Path | None = None,
     pythonpath: str | None = None,
 ) -> Server:
-    """``python -m execbox_runner serve`` on a free loopback port, quiet below warnings; ``prefix``
-    runs it under another command (``taskset -c 0``). ``checkout``: run that checkout's daemon
+    """``python -m execbox_runner serve`` on a free loopback port with default settings; ``prefix``
+    runs it under another command (``taskset -c 0``). Its log lines (a line per execution) go to an
+    unnamed temporary file, as a deployment's go to a file or a journal: they are part of what a
+    default daemon spends (the last of them are shown if it fails to start). ``checkout``: run that checkout's daemon
     instead (``-m`` imports from the working directory first, and the workers inherit it);
     ``pythonpath``: put this first on its ``PYTHONPATH`` (a QuickJS build made with
     ``deploy/quickjs/build.py --target``)."""
     argv = [*(prefix or []), sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
-    argv += ["--log-level", "WARNING"]
     if warm_workers is not None:
         argv += ["--warm-workers", str(warm_workers)]
     argv += extra_args or []
@@ -113,5 +118,14 @@ def start_daemon(
     if checkout is not None or pythonpath is not None:
         paths = [pythonpath, str(checkout) if checkout else None, os.environ.get("PYTHONPATH")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=checkout, env=env)
-    return start_server(process, DAEMON_LISTENING)
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - the Server closes it as it stops
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, cwd=checkout, env=env)
+    try:
+        server = start_server(process, DAEMON_LISTENING)
+    except RuntimeError as exc:
+        log.seek(0)
+        tail = log.read()[-2000:]
+        log.close()
+        raise RuntimeError(f"{exc}; its last log lines:\n{tail}") from None
+    server.log = log
+    return server
