@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from execbox_runner.daemon import logs
 from execbox_runner.daemon.logs import JsonFormatter, LineWriter
+from execbox_runner.protocol.session import ExecutionEnded
 
 
 def _line(message: str, *args: object, **extra: object) -> dict[str, object]:
@@ -108,3 +110,57 @@ def test_a_broken_stream_loses_the_lines_and_raises_nothing(writer: tuple[LineWr
     handler.defer = deferred.append
     logger.warning("lost")
     deferred.pop()()  # would run at the end of a reactor pass: it must not raise there
+
+
+@pytest.fixture
+def daemon_logging() -> Iterator[Callable[[], _Stream]]:
+    """Makes the root logger what ``logs.configure`` leaves it, writing to a stream of the test's;
+    called in the test itself (pytest adds its own capturing handlers as each test's call begins)."""
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+
+    def configure() -> _Stream:
+        logs.configure("INFO", json_lines=True)
+        stream = _Stream()
+        root.handlers[0].setStream(stream)  # type: ignore[attr-defined]
+        return stream
+
+    yield configure
+    root.handlers[:] = saved
+    root.setLevel(level)
+
+
+ENDED = ExecutionEnded("e1", "error", "tool_error", 0.0123, 2, (0.001,), "1+1", ("E_CUSTOM",))
+
+
+def test_the_execution_line_made_directly_is_the_line_logging_makes(
+    daemon_logging: Callable[[], _Stream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = daemon_logging()
+    made: list[logging.LogRecord] = []
+    monkeypatch.setattr(logging.Logger, "makeRecord", lambda *args, **kw: made.append(args) or None)
+    logs.execution_ended(ENDED, "127.0.0.1:5", "c0ffee", "1+1")
+    assert made == []  # no LogRecord: the direct way
+    monkeypatch.undo()
+    direct = json.loads(stream.getvalue())
+    other = logging.Handler()  # anything else listening: the line takes the logging module's way
+    records: list[logging.LogRecord] = []
+    other.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger().addHandler(other)
+    try:
+        logs.execution_ended(ENDED, "127.0.0.1:5", "c0ffee", "1+1")
+    finally:
+        logging.getLogger().removeHandler(other)
+    assert len(records) == 1 and records[0].getMessage() == "execution error"
+    through_logging = json.loads(stream.getvalue().splitlines()[1])
+    assert direct.pop("time") and through_logging.pop("time")
+    assert direct == through_logging
+    assert list(direct) == list(through_logging)  # the same fields in the same order
+    assert direct["unknown_tool_error_codes"] == ["E_CUSTOM"] and direct["guest_code"] == "1+1"
+
+
+def test_no_execution_line_below_the_level(daemon_logging: Callable[[], _Stream]) -> None:
+    stream = daemon_logging()
+    logging.getLogger().setLevel(logging.WARNING)
+    logs.execution_ended(ENDED, "127.0.0.1:5", "c0ffee", None)
+    assert stream.getvalue() == ""

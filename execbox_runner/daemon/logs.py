@@ -50,18 +50,23 @@ class JsonFormatter(logging.Formatter):
         self._stamp = ""
 
     def format(self, record: logging.LogRecord) -> str:
-        second = int(record.created)
+        fields = {key: value for key, value in vars(record).items() if key not in _STANDARD_FIELDS}
+        if record.exc_info:
+            fields["exception"] = self.formatException(record.exc_info)
+        return self.line(record.created, record.levelname.lower(), record.name, record.getMessage(), fields)
+
+    def line(self, created: float, level: str, logger: str, message: str, fields: dict[str, object]) -> str:
+        """The line of a record made at ``created`` (``time.time()``) with these extra fields."""
+        second = int(created)
         if second != self._second:
             self._second, self._stamp = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         line: dict[str, object] = {
-            "time": f"{self._stamp}.{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
+            "time": f"{self._stamp}.{int((created - second) * 1000):03d}Z",
+            "level": level,
+            "logger": logger,
+            "message": message,
         }
-        line.update({key: value for key, value in vars(record).items() if key not in _STANDARD_FIELDS})
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+        line.update(fields)
         try:
             return _encoder.encode(line).decode()
         except UnicodeEncodeError:  # a lone surrogate (guest code, a host's message): escaped
@@ -70,8 +75,9 @@ class JsonFormatter(logging.Formatter):
 
 class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
     """The daemon's handler: each line is written at once, except while ``defer`` is set (by the
-    server, to its reactor's ``later``): then a line logged on the main thread waits for the end of
-    the reactor's pass, and the pass's lines go to the stream in one write. One write per
+    server, to its reactor's ``later``, first): then a line logged on the main thread waits for the
+    end of the reactor's pass, and the pass's lines go to the stream in one write, before what the
+    pass sends (a host that has its ``done`` finds the execution's line written). One write per
     execution line cost the daemon a system call, and its reader a wake-up, per execution."""
 
     def __init__(self) -> None:
@@ -82,10 +88,22 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:  # called under ``self.lock``
         try:
-            self._pending.append(self.format(record) + self.terminator)
+            text = self.format(record)
         except Exception:
             self.handleError(record)
             return
+        self._add(text)
+
+    def write_line(self, text: str) -> None:
+        """A line made without a LogRecord (see ``execution_ended``)."""
+        self.acquire()
+        try:
+            self._add(text)
+        finally:
+            self.release()
+
+    def _add(self, text: str) -> None:
+        self._pending.append(text + self.terminator)
         defer = self.defer
         if defer is None or threading.get_ident() != self._main:
             self._write()
@@ -173,4 +191,26 @@ def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: s
         fields["unknown_tool_error_codes"] = list(record.unknown_tool_codes)
     if code is not None:
         fields["guest_code"] = code
-    EXECUTIONS.info("execution %s", record.outcome, extra=fields)
+    direct = _direct()
+    if direct is None:
+        EXECUTIONS.info("execution %s", record.outcome, extra=fields)
+    else:
+        writer, formatter = direct
+        writer.write_line(formatter.line(time.time(), "info", EXECUTIONS.name, f"execution {record.outcome}", fields))
+
+
+def _direct() -> tuple[LineWriter, JsonFormatter] | None:
+    """The daemon's own JSON handler, when it alone would take an execution line (no other handler,
+    no filter, the level enabled): the line is then made as its formatter would make it, without
+    the logging module's record and dispatch (~8 us less per execution). Anything else that
+    listens (another handler, a test's capture) gets the line the ordinary way."""
+    root = logging.root
+    if len(root.handlers) != 1 or root.filters or EXECUTIONS.handlers or EXECUTIONS.filters or not EXECUTIONS.propagate:
+        return None
+    writer = root.handlers[0]
+    formatter = writer.formatter
+    if type(writer) is not LineWriter or writer.filters or type(formatter) is not JsonFormatter:
+        return None
+    if writer.level > logging.INFO or not EXECUTIONS.isEnabledFor(logging.INFO):
+        return None
+    return writer, formatter

@@ -22,6 +22,7 @@ sampler and the drain are tasks of the daemon's nursery beside it.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import ipaddress
 import logging
@@ -421,7 +422,7 @@ class Daemon:
     async def _run_reactor(self) -> None:
         """The reactor's task: every network socket, and the workers' channels, until cancelled; then
         every connection is closed (an execution still running is abandoned, its worker told to abort)."""
-        logs.defer_lines(self.reactor.later)  # each pass's log lines in one write
+        logs.defer_lines(functools.partial(self.reactor.later, first=True))  # a pass's log lines in one write
         try:
             await self.reactor.run()
         finally:
