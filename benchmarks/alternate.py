@@ -26,12 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from benchkit.processes import start_daemon
-from benchkit.procfs import wait_pool_settled
-from benchkit.throughput import run_throughput
-from benchkit.workload import THROUGHPUT_CODE
+from benchkit.throughput import settled_throughput
 
 THIS: Path = Path(__file__).resolve().parent.parent
-WARM_UP_S = 2.0
 FIGURES = ("daemon_plus_workers_us_per_exec", "daemon_us_per_exec", "workers_us_per_exec")
 
 
@@ -39,10 +36,7 @@ def measure(checkout: Path, pythonpath: str | None, concurrency: int, duration: 
     """One run: a fresh daemon of ``checkout``, warmed up, then the load."""
     daemon = start_daemon(checkout=checkout, pythonpath=pythonpath)
     try:
-        pid = daemon.process.pid
-        run_throughput(daemon.url, "raw", concurrency, WARM_UP_S, 1, THROUGHPUT_CODE, pid)
-        wait_pool_settled(pid)
-        return run_throughput(daemon.url, "raw", concurrency, duration, 1, THROUGHPUT_CODE, pid)
+        return settled_throughput(daemon.url, daemon.process.pid, [concurrency], duration)[concurrency]
     finally:
         daemon.stop()
 

@@ -19,21 +19,14 @@ import argparse
 from typing import Any
 
 from benchkit.processes import start_daemon
-from benchkit.procfs import wait_pool_settled
-from benchkit.throughput import run_throughput
-from benchkit.workload import THROUGHPUT_CODE
-
-WARM_UP_S = 2.0
+from benchkit.throughput import settled_throughput
 
 
 def measure(cpus: str, levels: list[int], duration: float) -> dict[int, dict[str, Any]]:
     """Throughput per concurrency level of a daemon pinned to ``cpus``."""
     daemon = start_daemon(prefix=["taskset", "-c", cpus])
     try:
-        pid = daemon.process.pid
-        run_throughput(daemon.url, "raw", max(levels), WARM_UP_S, 1, THROUGHPUT_CODE, pid)
-        wait_pool_settled(pid)
-        return {level: run_throughput(daemon.url, "raw", level, duration, 1, THROUGHPUT_CODE, pid) for level in levels}
+        return settled_throughput(daemon.url, daemon.process.pid, levels, duration)
     finally:
         daemon.stop()
 

@@ -31,10 +31,9 @@ import quickjs
 from benchkit.floor_server import LISTENING
 from benchkit.processes import popen_module, start_daemon, start_server
 from benchkit.procfs import wait_pool_settled
-from benchkit.throughput import run_throughput
+from benchkit.throughput import WARM_UP_S, run_throughput
 from benchkit.workload import THROUGHPUT_CODE
 
-WARM_UP_S = 2.0
 CONTEXTS = 2000  # contexts made and freed for the QuickJS figure
 
 

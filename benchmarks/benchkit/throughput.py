@@ -11,12 +11,15 @@ import json
 import os
 import subprocess
 import time
-from typing import Any
+from typing import Any, Final
 
 from .client import IO_TIMEOUT_S
 from .processes import popen_module
-from .procfs import CLK_TCK, machine_busy_ticks, tree_cpu_seconds
+from .procfs import CLK_TCK, machine_busy_ticks, tree_cpu_seconds, wait_pool_settled
 from .stats import number, percentile
+from .workload import THROUGHPUT_CODE
+
+WARM_UP_S: Final = 2.0  # the load before a measurement, at its highest concurrency: where the pool grows
 
 
 def run_throughput(
@@ -122,3 +125,11 @@ def _daemon_cpu(
 def _per_exec(seconds: float, served: int) -> float | None:
     """Microseconds per served execution; None when none was served."""
     return round(seconds / served * 1e6, 1) if served else None
+
+
+def settled_throughput(url: str, daemon_pid: int, levels: list[int], duration: float) -> dict[int, dict[str, Any]]:
+    """``1+1`` (a fresh connection per execution) at each concurrency of ``levels`` for ``duration``
+    seconds, against a daemon just started: after a warm-up at the highest, once its pool has settled."""
+    run_throughput(url, "raw", max(levels), WARM_UP_S, 1, THROUGHPUT_CODE, daemon_pid)
+    wait_pool_settled(daemon_pid)
+    return {level: run_throughput(url, "raw", level, duration, 1, THROUGHPUT_CODE, daemon_pid) for level in levels}
