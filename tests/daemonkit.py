@@ -13,7 +13,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +23,7 @@ import trustme
 from websockets.sync.client import ClientConnection, connect
 
 STARTUP_TIMEOUT_S = 60.0
+LOG_WAIT_S = 10.0
 # prctl(PR_SET_CHILD_SUBREAPER), then exec the real command line.
 AS_SUBREAPER = "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
 OPTIONS = {"timeoutMs": 5000, "memoryLimitBytes": 67108864, "maxLogLines": 100, "maxLogChars": 64000}
@@ -34,11 +36,26 @@ class Daemon:
     process: subprocess.Popen[str]
     stderr: IO[str]
 
-    def log_lines(self) -> list[str]:
-        """What the daemon has written to stderr so far."""
-        self.stderr.flush()
-        self.stderr.seek(0)
-        return self.stderr.read().splitlines()
+    def log_lines(self, until: Callable[[list[str]], bool] | None = None) -> list[str]:
+        """What the daemon has written to stderr so far; with ``until``, once that holds of them (or
+        after ``LOG_WAIT_S``): the daemon writes its lines from a thread of its own, a little after
+        the answers of the moment they were logged in."""
+        deadline = time.monotonic() + LOG_WAIT_S
+        while True:
+            self.stderr.flush()
+            self.stderr.seek(0)
+            lines = self.stderr.read().splitlines()
+            if until is None or until(lines) or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.02)
+
+    def json_lines(self, until: Callable[[list[dict[str, Any]]], bool] | None = None) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines, parsed; ``until`` as for ``log_lines``."""
+
+        def parsed(lines: list[str]) -> list[dict[str, Any]]:
+            return [json.loads(line) for line in lines if line.startswith("{")]
+
+        return parsed(self.log_lines(None if until is None else lambda lines: until(parsed(lines))))
 
     def workers(self) -> list[int]:
         """PIDs of the daemon's workers: the children of its zygote (its one child)."""
@@ -93,7 +110,9 @@ def certificate(directory: Path) -> tuple[Path, Path, ssl.SSLContext]:
 
 
 @contextlib.contextmanager
-def running_daemon(*args: str, env: dict[str, str] | None = None, subreaper: bool = False) -> Iterator[Daemon]:
+def running_daemon(
+    *args: str, env: dict[str, str] | None = None, subreaper: bool = False, stderr_fd: int | None = None
+) -> Iterator[Daemon]:
     """Start ``execbox-runner serve`` on a free loopback port; stop it (by PID) afterwards.
 
     One daemon process unless ``args`` say otherwise, so that ``Daemon.workers``
@@ -102,7 +121,8 @@ def running_daemon(*args: str, env: dict[str, str] | None = None, subreaper: boo
     The daemon's stderr goes to a file, so a chatty daemon never blocks on a
     pipe nobody drains, and it is shown when start-up fails. ``subreaper`` starts
     it as a child subreaper already (the flag survives exec), as PID 1 in a
-    container is: orphans below it become its children.
+    container is: orphans below it become its children. ``stderr_fd``: the daemon's stderr goes
+    there instead (``Daemon.log_lines`` then has nothing).
     """
     launcher = [sys.executable, "-c", AS_SUBREAPER] if subreaper else [sys.executable]
     with tempfile.TemporaryFile(mode="w+") as stderr:
@@ -122,7 +142,7 @@ def running_daemon(*args: str, env: dict[str, str] | None = None, subreaper: boo
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=stderr,
+            stderr=stderr if stderr_fd is None else stderr_fd,
             text=True,
             env={**os.environ, **(env or {})},
         )

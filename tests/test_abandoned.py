@@ -33,6 +33,6 @@ def test_hosts_that_reset_after_started_cost_the_worker_and_its_neighbours_nothi
             )
             done = receive(parked)
             assert done["type"] == "done" and done["ok"] and done["result"] == 1
-        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+        lines = d.json_lines(until=lambda lines: any(line.get("execution_id") == "parked" for line in lines))
         assert not [line for line in lines if "has not let go" in line["message"]]
         assert not [line for line in lines if line.get("exit_reason") in {"slow_abort", "stuck"}]

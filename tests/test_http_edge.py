@@ -140,7 +140,7 @@ def test_a_peer_that_resets_its_connection_is_an_info_line() -> None:
                 ws.socket.close()  # a reset, not a close
         with client(d.url) as ws:  # the reset went to the daemon's log before this session's line
             assert run_to_done(ws, "after", "2")["result"] == 2
-        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+        lines = d.json_lines(until=lambda lines: any(line.get("execution_id") == "after" for line in lines))
         lost = [line for line in lines if line["message"].startswith("connection from 127.0.0.1:")]
         assert len(lost) == 2 and {line["level"] for line in lost} == {"info"}, lost
         assert "reset" in lost[0]["message"]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import IO
 
 import pytest
 
@@ -59,16 +63,25 @@ class _Stream(io.StringIO):
         return super().write(text)
 
 
+@contextlib.contextmanager
+def logging_to(handler: LineWriter, stream: IO[str], name: str) -> Iterator[logging.Logger]:
+    """A logger of its own that writes JSON lines to ``stream`` through ``handler``."""
+    handler.setStream(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield logger
+    finally:
+        logger.removeHandler(handler)
+
+
 @pytest.fixture
 def writer() -> Iterator[tuple[LineWriter, _Stream, logging.Logger]]:
     handler, stream = LineWriter(), _Stream()
-    handler.setStream(stream)
-    handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("execbox_runner.test.lines")
-    logger.addHandler(handler)
-    logger.propagate = False
-    yield handler, stream, logger
-    logger.removeHandler(handler)
+    with logging_to(handler, stream, "execbox_runner.test.lines") as logger:
+        yield handler, stream, logger
 
 
 def test_lines_logged_in_a_reactor_pass_go_out_together_at_its_end(
@@ -79,28 +92,104 @@ def test_lines_logged_in_a_reactor_pass_go_out_together_at_its_end(
     handler.defer = deferred.append
     logger.warning("first")
     logger.warning("second")
-    assert stream.getvalue() == "" and len(deferred) == 1  # one flush asked for, at the pass's end
+    assert len(deferred) == 1  # one hand-over asked for, at the pass's end
+    time.sleep(0.05)
+    assert stream.getvalue() == ""
     deferred.pop()()
+    handler.defer = None
+    handler.flush()
     assert [json.loads(line)["message"] for line in stream.getvalue().splitlines()] == ["first", "second"]
     assert stream.writes == 1
 
 
-def test_lines_are_written_at_once_outside_a_pass_and_from_other_threads(
+def test_lines_are_written_at_once_outside_a_pass_and_soon_from_other_threads(
     writer: tuple[LineWriter, _Stream, logging.Logger],
 ) -> None:
     handler, stream, logger = writer
     logger.warning("no pass")
-    assert "no pass" in stream.getvalue()
+    assert "no pass" in stream.getvalue()  # written before the call returned
     deferred: list[Callable[[], None]] = []
     handler.defer = deferred.append
     thread = threading.Thread(target=logger.warning, args=("from a thread",))
     thread.start()
     thread.join(timeout=10)
-    assert "from a thread" in stream.getvalue() and not deferred
+    deadline = time.monotonic() + 10
+    while "from a thread" not in stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "from a thread" in stream.getvalue() and not deferred  # not part of the main thread's pass
     logger.warning("pending")
     handler.defer = None
     handler.flush()  # what defer_lines(None) does as the reactor stops
     assert "pending" in stream.getvalue()
+
+
+@pytest.fixture
+def unread_pipe() -> Iterator[tuple[int, IO[str]]]:
+    """A pipe's read end, and its write end as a stream nobody reads (yet)."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    stream = open(write, "w")
+    try:
+        yield read, stream
+    finally:
+        os.close(read)
+        stream.close()
+
+
+def drain(read: int, until: str, count: int = 1) -> str:
+    """What the pipe holds, read until ``until`` is in it ``count`` times (bounded)."""
+    text, deadline = "", time.monotonic() + 10
+    while text.count(until) < count and time.monotonic() < deadline:
+        try:
+            text += os.read(read, 1 << 20).decode()
+        except BlockingIOError:
+            time.sleep(0.01)
+    return text
+
+
+def test_a_sink_that_stops_reading_blocks_no_pass_and_the_lines_past_the_bound_are_counted(
+    unread_pipe: tuple[int, IO[str]],
+) -> None:
+    read, stream = unread_pipe
+    handler = LineWriter(buffer_bytes=256 << 10)
+    with logging_to(handler, stream, "execbox_runner.test.unread") as logger:
+        deferred: list[Callable[[], None]] = []
+        handler.defer = deferred.append
+        started = time.monotonic()
+        for index in range(20_000):  # ~1.6 MB of lines: the pipe holds 64 KiB, the writer 256 KiB more
+            logger.warning("line %d %s", index, "x" * 20)
+            if deferred:
+                deferred.pop()()  # each pass hands its lines over
+        assert time.monotonic() - started < 10
+        assert handler.dropped > 10_000
+        text = drain(read, "dropped_lines")  # the reader comes back
+        logger.warning("after")
+        deferred.pop()()
+        handler.defer = None
+        text += drain(read, '"after"')
+        handler.flush()
+    lines = [json.loads(line) for line in text.splitlines()]
+    kept = [line for line in lines if line["message"].startswith("line ")]
+    (dropped,) = [line for line in lines if "dropped_lines" in line]
+    assert dropped["level"] == "warning" and dropped["dropped_lines"] == handler.dropped
+    assert len(kept) + handler.dropped == 20_000
+    assert lines[-1]["message"] == "after" and lines.index(dropped) == len(kept)  # where the gap was
+    numbers = [int(line["message"].split()[1]) for line in kept]
+    assert numbers == list(range(len(kept)))  # the earliest kept, in order
+
+
+def test_outside_a_pass_a_stuck_sink_delays_a_line_once_by_the_drain_bound(unread_pipe: tuple[int, IO[str]]) -> None:
+    read, stream = unread_pipe
+    handler = LineWriter(drain_s=0.2)
+    with logging_to(handler, stream, "execbox_runner.test.stuck") as logger:
+        logger.warning("filler %s", "x" * (128 << 10))  # more than the pipe holds: the write blocks
+        started = time.monotonic()
+        for _ in range(10):
+            logger.warning("waits")  # the first waits out the bound, the others do not wait
+        assert time.monotonic() - started < 1.5
+        text = drain(read, '"waits"', 10)
+        handler.flush()
+    assert text.count('"waits"') == 10
 
 
 def test_a_broken_stream_loses_the_lines_and_raises_nothing(writer: tuple[LineWriter, _Stream, logging.Logger]) -> None:

@@ -41,7 +41,9 @@ def test_past_the_budget_the_largest_execution_ends_with_memory_limit_and_the_ot
             parked.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 41}))
             resumed = receive(parked)
             assert resumed["type"] == "done" and resumed["ok"] and resumed["result"] == 42
-        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+        lines = d.json_lines(
+            until=lambda lines: any(line["message"].startswith("memory budget spent") for line in lines)
+        )
         (evicted,) = [line for line in lines if line["message"].startswith("memory budget spent")]
         assert evicted["level"] == "warning" and evicted["evicted_heap_bytes"] > 64 << 20
         # The memory came back: a new session is admitted, and runs.
@@ -63,5 +65,6 @@ def test_within_the_budget_a_large_guest_ends_only_by_its_own_limit() -> None:
         with client(d.url) as ws:
             done = run_to_done(ws, "big", GROWER, timeoutMs=60_000, memoryLimitBytes=512 << 20)
         assert done["ok"] and done["result"] == 120, done
-        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+        lines = d.json_lines(until=lambda lines: any(line.get("execution_id") == "big" for line in lines))
+        assert [line["outcome"] for line in lines if line.get("execution_id") == "big"] == ["ok"]
         assert not [line for line in lines if line["message"].startswith("memory budget spent")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
 import socket
 import ssl
@@ -19,15 +20,27 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon
 
 
-def get(daemon: Daemon, path: str) -> tuple[int, dict[str, str], dict]:
+def fetch(daemon: Daemon, path: str) -> tuple[int, dict[str, str], bytes]:
     host, port = daemon.url.removeprefix("ws://").strip("/").rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
         connection.request("GET", path)
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), json.loads(response.read())
+        return response.status, dict(response.getheaders()), response.read()
     finally:
         connection.close()
+
+
+def get(daemon: Daemon, path: str) -> tuple[int, dict[str, str], dict]:
+    status, headers, body = fetch(daemon, path)
+    return status, headers, json.loads(body)
+
+
+def get_text(daemon: Daemon, path: str) -> tuple[int, str]:
+    """The status and text body of ``GET path`` (``/metrics``), its content type checked."""
+    status, headers, body = fetch(daemon, path)
+    assert headers["Content-Type"].startswith("text/plain")
+    return status, body.decode()
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +184,8 @@ def test_sessions_need_a_valid_bearer_token(tmp_path: Path) -> None:
         ) as ws:
             assert run_to_done(ws, "origin", "3")["result"] == 3
         assert get(d, "/healthz")[0] == 200  # probes need no token
-        time.sleep(0.2)
-        refusals = [json.loads(line) for line in d.log_lines() if '"refusal"' in line]
+        lines = d.json_lines(until=lambda lines: sum("refusal" in line for line in lines) >= 5)
+        refusals = [line for line in lines if "refusal" in line]
     # Each refusal's line names the peer it refused.
     assert [line["refusal"] for line in refusals] == ["unauthorized"] * 4 + ["origin"]
     assert all(line["peer"].startswith("127.0.0.1:") for line in refusals)
@@ -242,12 +255,8 @@ def test_metrics_count_executions_tool_calls_and_refusals(tmp_path: Path) -> Non
             assert run_to_done(ws, "m3", "1")["ok"]
         with pytest.raises(InvalidStatus):
             client(d.url)
-        host, port = d.url.removeprefix("ws://").strip("/").rsplit(":", 1)
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
-        connection.request("GET", "/metrics")
-        response = connection.getresponse()
-        text = response.read().decode()
-        assert response.status == 200 and response.getheader("Content-Type").startswith("text/plain")
+        status, text = get_text(d, "/metrics")
+        assert status == 200
     assert metric(text, "execbox_executions_total", outcome="ok", code="") == 2
     assert metric(text, "execbox_executions_total", outcome="error", code="runtime_error") == 1
     assert metric(text, "execbox_tool_calls_total") == 2
@@ -258,14 +267,39 @@ def test_metrics_count_executions_tool_calls_and_refusals(tmp_path: Path) -> Non
     assert "execbox_active_sessions" in text and "execbox_worker_restarts_total" in text
 
 
+def test_a_log_reader_that_stops_reading_stalls_no_session() -> None:
+    """stderr a pipe nobody reads: once it is full the daemon keeps serving, its lines waiting in a
+    bounded buffer; read again, they all arrive."""
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    try:
+        with running_daemon(stderr_fd=write) as d:
+            os.close(write)
+            executions = 600  # ~200 KB of lines, where the pipe holds 64 KiB
+            with client(d.url) as ws:
+                for index in range(executions):
+                    assert run_to_done(ws, f"e{index}", "1")["ok"]
+            status, text = get_text(d, "/metrics")
+            assert status == 200 and metric(text, "execbox_log_lines_dropped_total") == 0
+            logged, deadline = b"", time.monotonic() + 10
+            while logged.count(b'"execution_id"') < executions and time.monotonic() < deadline:
+                try:
+                    logged += os.read(read, 1 << 20)
+                except BlockingIOError:
+                    time.sleep(0.01)
+    finally:
+        os.close(read)
+    ids = [json.loads(line)["execution_id"] for line in logged.splitlines() if b'"execution_id"' in line]
+    assert ids == [f"e{index}" for index in range(executions)]
+
+
 def test_one_json_log_line_per_execution_without_guest_code_unless_asked() -> None:
     for flag, logged in (("false", False), ("true", True)):
         with running_daemon("--log-guest-code", flag) as d:
             with client(d.url) as ws:
                 run_to_done(ws, "logged", "await tools.echo('secret input'); 'secret result'")
                 run_to_done(ws, "failing", "null.x")
-            time.sleep(0.2)
-            text = "\n".join(d.log_lines())
+            text = "\n".join(d.log_lines(until=lambda lines: sum('"execution_id"' in line for line in lines) >= 2))
         lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
         executions = {line["execution_id"]: line for line in lines if line.get("logger") == "execbox_runner.executions"}
         assert executions["logged"]["outcome"] == "ok" and executions["logged"]["tool_calls"] == 1

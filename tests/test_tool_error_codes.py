@@ -4,7 +4,6 @@ the log; a stable one (timeout too) reaches the done uncaught with the host's ow
 from __future__ import annotations
 
 import json
-import time
 
 from websockets.sync.client import ClientConnection
 
@@ -35,8 +34,7 @@ def test_unknown_host_code_rejects_the_guest_promise_and_is_logged() -> None:
             assert receive(ws)["type"] == "started"
             fail_next_tool_call(ws, "rate_limited", "slow down")
             assert receive(ws)["error"] == {"code": "tool_error", "message": "slow down"}
-        time.sleep(0.2)
-        lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+        lines = d.json_lines(until=lambda lines: sum("execution_id" in line for line in lines) >= 2)
     executions = {line["execution_id"]: line for line in lines if line.get("logger") == "execbox_runner.executions"}
     assert executions["caught"]["unknown_tool_error_codes"] == ["not_found"]
     assert executions["uncaught"]["unknown_tool_error_codes"] == ["rate_limited"]

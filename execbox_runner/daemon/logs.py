@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import secrets
 import sys
@@ -74,17 +75,29 @@ class JsonFormatter(logging.Formatter):
 
 
 class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
-    """The daemon's handler: each line is written at once, except while ``defer`` is set (by the
-    server, to its reactor's ``later``, first): then a line logged on the main thread waits for the
-    end of the reactor's pass, and the pass's lines go to the stream in one write, before what the
-    pass sends (a host that has its ``done`` finds the execution's line written). One write per
-    execution line cost the daemon a system call, and its reader a wake-up, per execution."""
+    """The daemon's handler: its lines reach the stream from a thread of their own, so a sink that
+    is slow (a busy disk) or stops reading (a full pipe) delays no session.
 
-    def __init__(self) -> None:
+    While ``defer`` is set (by the server, to its reactor's ``later``), the lines logged on the main
+    thread in a reactor pass are handed over together at its end: one wake-up and one write per
+    pass, not per execution. At most ``buffer_bytes`` of lines wait for the stream; past that, lines
+    are dropped and counted (``dropped``), and where they were missing a WARNING line says how many.
+    Outside a reactor (start-up, shutdown) a line is written before ``emit`` returns, waiting at
+    most ``drain_s`` for a stream that does not take it; ``flush`` waits likewise."""
+
+    def __init__(self, *, buffer_bytes: int = 4 << 20, drain_s: float = 2.0) -> None:
         super().__init__(sys.stderr)
-        self._pending: list[str] = []
-        self._main = threading.get_ident()
+        self.buffer_bytes, self.drain_s = buffer_bytes, drain_s
         self.defer: Callable[[Callable[[], None]], None] | None = None
+        self.dropped = 0
+        self._main = threading.get_ident()
+        self._batch: list[str] = []  # the main thread's lines of this reactor pass
+        self._ready = threading.Condition(threading.Lock())  # guards what follows
+        self._queue: list[str | int] = []  # lines, and counts of lines dropped between them
+        self._queued_bytes = 0
+        self._writing = False
+        self._stuck = False  # a flush gave up waiting, and nothing has been written since
+        self._thread: threading.Thread | None = None
 
     def emit(self, record: logging.LogRecord) -> None:  # called under ``self.lock``
         try:
@@ -103,42 +116,102 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
             self.release()
 
     def _add(self, text: str) -> None:
-        self._pending.append(text + self.terminator)
+        text += self.terminator
         defer = self.defer
-        if defer is None or threading.get_ident() != self._main:
-            self._write()
-        elif len(self._pending) == 1:
-            defer(self.flush)
+        if defer is None:
+            self._enqueue([text])
+            self.flush()
+        elif threading.get_ident() != self._main:
+            self._enqueue([text])
+        else:
+            self._batch.append(text)
+            if len(self._batch) == 1:
+                defer(self._hand_over)
+
+    def _hand_over(self) -> None:
+        """The pass's lines to the writing thread (at the end of a reactor pass: raises nothing)."""
+        batch, self._batch = self._batch, []
+        if batch:
+            self._enqueue(batch)
+
+    def _enqueue(self, lines: list[str]) -> None:
+        with self._ready:
+            if self._queued_bytes >= self.buffer_bytes:
+                self.dropped += len(lines)
+                last = self._queue[-1] if self._queue else ""
+                if isinstance(last, int):
+                    self._queue[-1] = last + len(lines)
+                else:
+                    self._queue.append(len(lines))
+                return
+            self._queue.extend(lines)
+            self._queued_bytes += sum(map(len, lines))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._write_lines, name="log writer", daemon=True)
+                self._thread.start()
+            self._ready.notify()
 
     def flush(self) -> None:
-        self.acquire()
-        try:
-            self._write()
-        finally:
-            self.release()
+        """Hand over what waits (the main thread's pass included), and wait until it is written: for
+        ``drain_s`` at most, and not at all while a write that outlasted that wait is still stuck."""
+        if threading.get_ident() == self._main:
+            self._hand_over()
+        with self._ready:
+            if not self._stuck:
+                written = self._ready.wait_for(lambda: not self._queue and not self._writing, timeout=self.drain_s)
+                self._stuck = not written
 
-    def _write(self) -> None:
-        """The pending lines in one write. A stream that fails (stderr closed) loses them: nothing
-        here may raise, as it runs at the end of a reactor pass (which logs what raises there)."""
-        if not self._pending:
-            return
-        text = "".join(self._pending)
-        self._pending.clear()
+    def _write_lines(self) -> None:
+        """The writing thread: what is queued, in one write each time."""
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: self._queue)
+                queue, self._queue, self._queued_bytes = self._queue, [], 0
+                self._writing = True
+            self._write("".join(item if isinstance(item, str) else self._dropped_line(item) for item in queue))
+            with self._ready:
+                self._writing = self._stuck = False
+                self._ready.notify_all()
+
+    def _write(self, text: str) -> None:
+        """To the stream's file descriptor where it has one: a write through the stream object would
+        hold its lock, and a thread stuck in one at exit is fatal to the interpreter. A stream that
+        fails (stderr closed) loses the lines; logging that would come back here."""
         try:
-            self.stream.write(text)
-            self.stream.flush()
+            try:
+                fd = self.stream.fileno()
+            except (AttributeError, OSError):  # no descriptor (a StringIO)
+                self.stream.write(text)
+                self.stream.flush()
+                return
+            data = memoryview(text.encode(getattr(self.stream, "encoding", None) or "utf-8", "backslashreplace"))
+            while data:
+                data = data[os.write(fd, data) :]
         except Exception:  # noqa: S110 - logging a failure to log would come back here
             pass
 
+    def _dropped_line(self, count: int) -> str:
+        record = logging.LogRecord(
+            __name__, logging.WARNING, __file__, 0, "%d log lines dropped: the log's reader fell behind", (count,), None
+        )
+        record.dropped_lines = count
+        return self.format(record) + self.terminator
+
 
 def defer_lines(later: Callable[[Callable[[], None]], None] | None) -> None:
-    """Batch the daemon's lines per reactor pass through ``later`` (None: write each at once, and
-    write what is pending now). No-op unless ``configure`` installed the daemon's handler."""
+    """Batch the daemon's lines per reactor pass through ``later`` (None: each line written before
+    its call returns, and what is pending written now). No-op unless ``configure`` installed the
+    daemon's handler."""
     for handler in logging.getLogger().handlers:
         if isinstance(handler, LineWriter):
             handler.defer = later
             if later is None:
                 handler.flush()
+
+
+def dropped_lines() -> int:
+    """Lines the daemon's handler dropped because the log's reader fell behind."""
+    return sum(handler.dropped for handler in logging.getLogger().handlers if isinstance(handler, LineWriter))
 
 
 def configure(level: str, json_lines: bool) -> None:

@@ -66,6 +66,7 @@ class LiveState:
     draining: bool
     memory_used_bytes: int
     memory_budget_bytes: int
+    log_lines_dropped: int
 
 
 class _Live(Collector):
@@ -114,6 +115,11 @@ class _Live(Collector):
             "execbox_memory_budget_bytes",
             "Memory budget; near it new sessions are refused.",
             value=state.memory_budget_bytes,
+        )
+        yield CounterMetricFamily(
+            "execbox_log_lines_dropped",
+            "Log lines dropped because the log's reader fell behind (see the README's Logs).",
+            value=state.log_lines_dropped,
         )
 
 
@@ -209,6 +215,7 @@ class Metrics:
             draining=any(s.draining for s in states),
             memory_used_bytes=sum(s.memory_used_bytes for s in states),
             memory_budget_bytes=sum(s.memory_budget_bytes for s in states),
+            log_lines_dropped=sum(s.log_lines_dropped for s in states),
         )
 
 

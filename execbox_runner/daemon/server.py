@@ -320,6 +320,7 @@ class Daemon:
             draining=self.state.draining,
             memory_used_bytes=self.state.memory_used,
             memory_budget_bytes=self.state.memory_budget,
+            log_lines_dropped=logs.dropped_lines(),
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
