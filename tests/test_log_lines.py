@@ -84,43 +84,42 @@ def writer() -> Iterator[tuple[LineWriter, _Stream, logging.Logger]]:
         yield handler, stream, logger
 
 
-def test_lines_logged_in_a_reactor_pass_go_out_together_at_its_end(
+def test_while_serving_lines_go_out_a_little_later_together(
     writer: tuple[LineWriter, _Stream, logging.Logger],
 ) -> None:
     handler, stream, logger = writer
-    deferred: list[Callable[[], None]] = []
-    handler.defer = deferred.append
+    handler.gather_s = 0.2
+    handler.serving = True
+    started = time.monotonic()
     logger.warning("first")
-    logger.warning("second")
-    assert len(deferred) == 1  # one hand-over asked for, at the pass's end
-    time.sleep(0.05)
-    assert stream.getvalue() == ""
-    deferred.pop()()
-    handler.defer = None
-    handler.flush()
-    assert [json.loads(line)["message"] for line in stream.getvalue().splitlines()] == ["first", "second"]
-    assert stream.writes == 1
-
-
-def test_lines_are_written_at_once_outside_a_pass_and_soon_from_other_threads(
-    writer: tuple[LineWriter, _Stream, logging.Logger],
-) -> None:
-    handler, stream, logger = writer
-    logger.warning("no pass")
-    assert "no pass" in stream.getvalue()  # written before the call returned
-    deferred: list[Callable[[], None]] = []
-    handler.defer = deferred.append
     thread = threading.Thread(target=logger.warning, args=("from a thread",))
     thread.start()
     thread.join(timeout=10)
+    logger.warning("second")
+    assert stream.getvalue() == "" and time.monotonic() - started < 0.2  # not written by the callers
     deadline = time.monotonic() + 10
-    while "from a thread" not in stream.getvalue() and time.monotonic() < deadline:
+    while stream.getvalue().count("\n") < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert "from a thread" in stream.getvalue() and not deferred  # not part of the main thread's pass
+    messages = [json.loads(line)["message"] for line in stream.getvalue().splitlines()]
+    assert messages == ["first", "from a thread", "second"] and stream.writes == 1
+
+
+def test_outside_serving_a_line_is_written_before_the_call_returns(
+    writer: tuple[LineWriter, _Stream, logging.Logger],
+) -> None:
+    handler, stream, logger = writer
+    handler.gather_s = 10.0  # a flush does not wait for the gathering
+    logger.warning("first")
+    assert "first" in stream.getvalue()
+    handler.serving = True
     logger.warning("pending")
-    handler.defer = None
-    handler.flush()  # what defer_lines(None) does as the reactor stops
+    handler.serving = False
+    handler.flush()  # what logs.serving(False) does as the reactor stops
     assert "pending" in stream.getvalue()
+    thread = threading.Thread(target=logger.warning, args=("from a thread",))
+    thread.start()
+    thread.join(timeout=10)
+    assert "from a thread" in stream.getvalue()
 
 
 @pytest.fixture
@@ -152,30 +151,36 @@ def test_a_sink_that_stops_reading_blocks_no_pass_and_the_lines_past_the_bound_a
 ) -> None:
     read, stream = unread_pipe
     handler = LineWriter(buffer_bytes=256 << 10)
+    handler.serving = True
     with logging_to(handler, stream, "execbox_runner.test.unread") as logger:
-        deferred: list[Callable[[], None]] = []
-        handler.defer = deferred.append
         started = time.monotonic()
         for index in range(20_000):  # ~1.6 MB of lines: the pipe holds 64 KiB, the writer 256 KiB more
             logger.warning("line %d %s", index, "x" * 20)
-            if deferred:
-                deferred.pop()()  # each pass hands its lines over
         assert time.monotonic() - started < 10
         assert handler.dropped > 10_000
-        text = drain(read, "dropped_lines")  # the reader comes back
-        logger.warning("after")
-        deferred.pop()()
-        handler.defer = None
-        text += drain(read, '"after"')
+        os.set_blocking(read, True)  # the reader comes back, and reads to the end
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read, 1 << 20), b"")))
+        reader.start()
         handler.flush()
-    lines = [json.loads(line) for line in text.splitlines()]
-    kept = [line for line in lines if line["message"].startswith("line ")]
-    (dropped,) = [line for line in lines if "dropped_lines" in line]
-    assert dropped["level"] == "warning" and dropped["dropped_lines"] == handler.dropped
-    assert len(kept) + handler.dropped == 20_000
-    assert lines[-1]["message"] == "after" and lines.index(dropped) == len(kept)  # where the gap was
-    numbers = [int(line["message"].split()[1]) for line in kept]
-    assert numbers == list(range(len(kept)))  # the earliest kept, in order
+        logger.warning("after")
+        handler.serving = False
+        handler.flush()
+        stream.close()
+        reader.join(timeout=10)
+    lines = [json.loads(line) for line in b"".join(chunks).splitlines()]
+    assert lines.pop()["message"] == "after"
+    dropped = [line for line in lines if "dropped_lines" in line]
+    assert dropped and {line["level"] for line in dropped} == {"warning"}
+    assert sum(line["dropped_lines"] for line in dropped) == handler.dropped
+    following = 0  # each kept line is the one after the lines before it, those dropped counted
+    for line in lines:
+        if "dropped_lines" in line:
+            following += line["dropped_lines"]
+        else:
+            assert line["message"].startswith(f"line {following} ")
+            following += 1
+    assert following == 20_000
 
 
 def test_outside_a_pass_a_stuck_sink_delays_a_line_once_by_the_drain_bound(unread_pipe: tuple[int, IO[str]]) -> None:
@@ -195,10 +200,11 @@ def test_outside_a_pass_a_stuck_sink_delays_a_line_once_by_the_drain_bound(unrea
 def test_a_broken_stream_loses_the_lines_and_raises_nothing(writer: tuple[LineWriter, _Stream, logging.Logger]) -> None:
     handler, stream, logger = writer
     stream.close()
-    deferred: list[Callable[[], None]] = []
-    handler.defer = deferred.append
+    handler.serving = True
     logger.warning("lost")
-    deferred.pop()()  # would run at the end of a reactor pass: it must not raise there
+    handler.flush()  # the writing thread met the error, and goes on
+    handler.serving = False
+    logger.warning("lost too")
 
 
 @pytest.fixture

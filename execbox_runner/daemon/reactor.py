@@ -83,16 +83,13 @@ class Reactor:
         handler takes microseconds, and trio's clock costs three calls), at once outside a pass."""
         return self._now if self._in_pass else trio.current_time()
 
-    def later(self, callback: Callable[[], None], *, first: bool = False) -> None:
+    def later(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` at the end of this pass (at once outside one): what the pass sends to one
-        worker goes in one write. ``first``: before what was queued so far (the pass's log lines go
-        out before the answers they tell of)."""
-        if not self._in_pass:
-            callback()
-        elif first:
-            self._later.insert(0, callback)
-        else:
+        worker goes in one write."""
+        if self._in_pass:
             self._later.append(callback)
+        else:
+            callback()
 
     def call_at(self, deadline: float, callback: Callable[[], None]) -> Timer:
         timer = Timer(self, deadline, callback)

@@ -22,7 +22,6 @@ sampler and the drain are tasks of the daemon's nursery beside it.
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import ipaddress
 import logging
@@ -419,15 +418,16 @@ class Daemon:
             ", ".join(self.unsafe) or "none",
             extra=fields,
         )
+        logs.flush()  # written before the daemon says where it listens
 
     async def _run_reactor(self) -> None:
         """The reactor's task: every network socket, and the workers' channels, until cancelled; then
         every connection is closed (an execution still running is abandoned, its worker told to abort)."""
-        logs.defer_lines(functools.partial(self.reactor.later, first=True))  # a pass's log lines in one write
+        logs.serving(True)
         try:
             await self.reactor.run()
         finally:
-            logs.defer_lines(None)
+            logs.serving(False)
             for acceptor in self.acceptors:
                 acceptor.close()
             for connection in list(self.connections):
