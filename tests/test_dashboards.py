@@ -201,6 +201,7 @@ def test_the_rules_are_well_formed() -> None:
         "ExecboxMemoryNearBudget",
         "ExecboxWorkerRestartStorm",
         "ExecboxUnsafeSetting",
+        "ExecboxLogLinesDropped",
     }
     for rule in alerts:
         assert re.fullmatch(r"\d+[smh]", rule["for"]), rule["alert"]
