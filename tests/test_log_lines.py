@@ -8,15 +8,18 @@ import json
 import logging
 import os
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import IO
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from execbox_runner.daemon import logs
-from execbox_runner.daemon.logs import JsonFormatter, LineWriter
+from execbox_runner.daemon.logs import JsonFormatter, LineWriter, _whole_lines
 from execbox_runner.protocol.session import ExecutionEnded
 
 
@@ -259,3 +262,21 @@ def test_no_execution_line_below_the_level(daemon_logging: Callable[[], _Stream]
     logging.getLogger().setLevel(logging.WARNING)
     logs.execution_ended(ENDED, "127.0.0.1:5", "c0ffee", None)
     assert stream.getvalue() == ""
+
+
+@given(st.lists(st.integers(min_value=0, max_value=9000), max_size=40), st.booleans())
+def test_writes_to_a_pipe_hold_whole_lines_of_at_most_pipe_buf_bytes(lengths: list[int], last_line_ends: bool) -> None:
+    """Each write to a pipe or socket is whole lines, at most PIPE_BUF bytes (a longer line alone),
+    so that the shards' writes to a shared stderr never cut each other's lines."""
+    data = b"".join(b"x" * length + b"\n" for length in lengths)
+    if not last_line_ends:
+        data += b"tail"
+    writes = [bytes(chunk) for chunk in _whole_lines(data, select.PIPE_BUF)]
+    assert b"".join(writes) == data
+    for index, chunk in enumerate(writes):
+        assert chunk
+        is_last = index == len(writes) - 1
+        assert chunk.endswith(b"\n") or (is_last and not last_line_ends)
+        assert len(chunk) <= select.PIPE_BUF or chunk.count(b"\n") <= 1  # a longer line, alone
+        if not is_last:  # as many lines as fit: the next one would not have
+            assert len(chunk) + writes[index + 1].find(b"\n") + 1 > select.PIPE_BUF or b"\n" not in writes[index + 1]

@@ -19,9 +19,12 @@ import logging
 import os
 import re
 import secrets
+import select
+import stat
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Final
 
 import msgspec
@@ -166,9 +169,11 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
                 self.stream.write(text)
                 self.stream.flush()
                 return
-            data = memoryview(text.encode(getattr(self.stream, "encoding", None) or "utf-8", "backslashreplace"))
-            while data:
-                data = data[os.write(fd, data) :]
+            data = text.encode(getattr(self.stream, "encoding", None) or "utf-8", "backslashreplace")
+            for chunk in _whole_lines(data, sys.maxsize if stat.S_ISREG(os.fstat(fd).st_mode) else select.PIPE_BUF):
+                left = chunk
+                while left:
+                    left = left[os.write(fd, left) :]
         except Exception:  # noqa: S110 - logging a failure to log would come back here
             pass
 
@@ -178,6 +183,20 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
         )
         record.dropped_lines = count
         return self.format(record) + self.terminator
+
+
+def _whole_lines(data: bytes, most: int) -> Iterator[memoryview]:
+    """``data`` in writes of at most ``most`` bytes that end at line ends (a longer line alone). A
+    pipe or a socket may be shared (the shards of ``--processes`` share their supervisor's stderr):
+    a write of at most ``PIPE_BUF`` bytes to it is never interleaved with another's, a longer one
+    may be where it has to wait for room, and lines would be cut. A file takes a write whole."""
+    view, start = memoryview(data), 0
+    while start < len(data):
+        end = len(data) if len(data) - start <= most else data.rfind(b"\n", start, start + most) + 1
+        if end <= start:  # a line longer than ``most``: alone
+            end = data.find(b"\n", start) + 1 or len(data)
+        yield view[start:end]
+        start = end
 
 
 def serving(now: bool) -> None:
