@@ -84,11 +84,11 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
     gathers for ``gather_s`` after the first one and writes what came in one write. Each wake-up of
     the thread takes the GIL from the reactor, and costs it far more than the write: at c=64 a
     wake-up per reactor pass cost the daemon ~100 us per execution, one per 10 ms ~80 us, one per
-    100 ms nothing to be seen (six alternated pairs each). At
-    most ``buffer_bytes`` of lines wait for the stream; past that, lines are dropped and counted
-    (``dropped``), and where they are missing a WARNING line says how many. Otherwise (start-up,
-    shutdown) a line is written before ``emit`` returns, waiting at most ``drain_s`` for a stream
-    that does not take it; ``flush`` waits likewise."""
+    100 ms nothing to be seen (six alternated pairs each). At most ``buffer_bytes`` of lines wait
+    for the stream; past that, lines are dropped and counted (``dropped``), and where they are
+    missing a WARNING line says how many. Otherwise (start-up, shutdown) a line is written before
+    ``emit`` returns, waiting at most ``drain_s`` for a stream that does not take it; ``flush``
+    waits likewise."""
 
     def __init__(self, *, buffer_bytes: int = 4 << 20, drain_s: float = 2.0, gather_s: float = 0.1) -> None:
         super().__init__(sys.stderr)
@@ -117,9 +117,9 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
 
     def _add(self, text: str) -> None:
         with self._ready:
-            if self._queued_bytes >= self.buffer_bytes:
+            if self._queue and self._queued_bytes >= self.buffer_bytes:
                 self.dropped += 1
-                last = self._queue[-1] if self._queue else ""
+                last = self._queue[-1]
                 self._queue[-1:] = [last + 1] if isinstance(last, int) else [last, 1]
                 return
             self._queue.append(text + self.terminator)
@@ -152,17 +152,19 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
                 self._writing, self._hurry = True, False
                 self._ready.release()
                 try:
-                    self._write("".join(item if isinstance(item, str) else self._dropped_line(item) for item in queue))
+                    self._write(queue)
                 finally:
                     self._ready.acquire()
                 self._writing = self._stuck = False
                 self._ready.notify_all()
 
-    def _write(self, text: str) -> None:
+    def _write(self, queue: list[str | int]) -> None:
         """To the stream's file descriptor where it has one: a write through the stream object would
         hold its lock, and a thread stuck in one at exit is fatal to the interpreter. A stream that
-        fails (stderr closed) loses the lines; logging that would come back here."""
+        fails (stderr closed) loses the lines, and nothing here may end the thread; logging that
+        would come back here."""
         try:
+            text = "".join(item if isinstance(item, str) else self._dropped_line(item) for item in queue)
             try:
                 fd = self.stream.fileno()
             except (AttributeError, OSError):  # no descriptor (a StringIO)
