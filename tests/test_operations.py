@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon
+from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon, stop
 
 
 def fetch(daemon: Daemon, path: str) -> tuple[int, dict[str, str], bytes]:
@@ -291,6 +291,18 @@ def test_a_log_reader_that_stops_reading_stalls_no_session() -> None:
         os.close(read)
     ids = [json.loads(line)["execution_id"] for line in logged.splitlines() if b'"execution_id"' in line]
     assert ids == [f"e{index}" for index in range(executions)]
+
+
+def test_a_stopping_daemon_writes_the_lines_still_waiting() -> None:
+    """The lines of the last executions, logged a moment before SIGTERM, are in the log once the
+    daemon has exited (its writing thread gathers for 100 ms, and the drain writes what waits)."""
+    with running_daemon() as d:
+        with client(d.url) as ws:
+            for index in range(20):
+                assert run_to_done(ws, f"last-{index}", "1")["ok"]
+        assert stop(d.process) == 0
+        lines = d.json_lines()
+    assert [line["execution_id"] for line in lines if "execution_id" in line] == [f"last-{i}" for i in range(20)]
 
 
 def test_one_json_log_line_per_execution_without_guest_code_unless_asked() -> None:
