@@ -40,13 +40,11 @@ def session(daemon: Daemon, exec_id: str, headers: dict[str, str] | list[tuple[s
 
 def execution_lines(daemon: Daemon, exec_id: str) -> list[dict[str, Any]]:
     """The log lines of ``exec_id`` and of the execution after it in its session (bounded wait)."""
-    deadline = time.monotonic() + 10
-    while True:
-        lines = [json.loads(line) for line in daemon.log_lines() if line.startswith("{")]
-        found = [line for line in lines if line.get("execution_id") in {exec_id, f"{exec_id}-again"}]
-        if len(found) == 2 or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+
+    def found(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [line for line in lines if line.get("execution_id") in {exec_id, f"{exec_id}-again"}]
+
+    return found(daemon.json_lines(until=lambda lines: len(found(lines)) == 2))
 
 
 def test_the_trace_id_of_a_traceparent_is_the_sessions_correlation_id(recording: tuple[Daemon, Path]) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import resource
 import socket
-import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import trio
 
@@ -143,10 +142,8 @@ def test_the_daemon_logs_each_execution_with_its_peer() -> None:
         peers = {f"127.0.0.1:{ws.local_address[1]}" for ws in hosts}
         for index, ws in enumerate(hosts):
             assert run_to_done(ws, f"e{index}", "await tools.echo(6) * 7")["result"] == 42
-        deadline = time.monotonic() + WAIT_S
-        logged: set[str] = set()
-        while time.monotonic() < deadline and logged != peers:
-            lines = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
-            logged = {line["peer"] for line in lines if "execution_id" in line}
-            time.sleep(0.05)
-        assert logged == peers
+
+        def logged(lines: list[dict[str, Any]]) -> set[str]:
+            return {line["peer"] for line in lines if "execution_id" in line}
+
+        assert logged(d.json_lines(until=lambda lines: logged(lines) == peers)) == peers
