@@ -10,6 +10,9 @@ The correlation id ties a session's lines (and its record) to the host's own
 logs: the trace id of the handshake's W3C ``traceparent``, else its
 ``X-Request-Id``, else a new one. A header that is not well formed is ignored,
 so a peer can neither forge an odd-looking id nor flood a line with one.
+
+The lines reach stderr from a thread of their own (``LineWriter``), bounded, so
+that a slow or stalled log reader delays no session.
 """
 
 from __future__ import annotations
