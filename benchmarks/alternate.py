@@ -11,7 +11,8 @@ default settings; warms it up at the concurrency, waits for its pool to settle
 and runs the throughput load (``1+1``, a fresh connection per execution) for
 ``--duration`` seconds. Prints every run (rate; CPU of the daemon's tree, of the
 daemon and of its workers per execution), then each side's range and median,
-and in how many runs each met ``--target-us`` (issue 9: 600 us).
+and in how many runs each met ``--target-us`` (issue 9: 600 us); then the pairs one by one: in
+how many this side was lower, and the ratio of the two at the median.
 
     python benchmarks/alternate.py --other PATH [--pairs 5] [--concurrency 64] [--duration 4]
 
@@ -61,6 +62,23 @@ def summary(label: str, results: list[dict[str, Any]], target: float) -> str:
     )
 
 
+def paired(this: list[dict[str, Any]], other: list[dict[str, Any]]) -> str:
+    """The pairs compared one by one: a change of a few percent shows in how many pairs it is lower
+    (and by how much at the median) sooner than in the two sides' medians, which the hour moves."""
+
+    def ratios(key: str) -> list[float]:
+        return [a[key] / b[key] for a, b in zip(this, other, strict=True) if a.get(key) and b.get(key)]
+
+    tree, daemon = ratios(FIGURES[0]), ratios(FIGURES[1])
+    if not tree or not daemon:
+        return "  paired: no CPU figures"
+    return (
+        f"  paired: this lower in {sum(r < 1 for r in tree)} of {len(tree)} pairs (tree), "
+        f"{sum(r < 1 for r in daemon)} of {len(daemon)} (daemon); this / other at the median "
+        f"{statistics.median(tree):.3f} (tree), {statistics.median(daemon):.3f} (daemon)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--other", type=Path, required=True, help="a checkout of another commit")
@@ -84,6 +102,7 @@ def main() -> None:
     print("summary:")
     for label, runs in results.items():
         print(summary(label, runs, args.target_us))
+    print(paired(results["this"], results["other"]))
 
 
 if __name__ == "__main__":
