@@ -207,23 +207,26 @@ def _whole_lines(data: bytes, most: int) -> Iterator[memoryview]:
 def serving(now: bool) -> None:
     """While the daemon serves, its lines are written a little later, by the writing thread; when it
     stops, what waits is written now. No-op unless ``configure`` installed the daemon's handler."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, LineWriter):
-            handler.serving = now
+    for writer in _writers():
+        writer.serving = now
     if not now:
         flush()
 
 
 def flush() -> None:
     """Write what the daemon's handler holds now (see ``LineWriter.flush``)."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, LineWriter):
-            handler.flush()
+    for writer in _writers():
+        writer.flush()
 
 
 def dropped_lines() -> int:
     """Lines the daemon's handler dropped because the log's reader fell behind."""
-    return sum(handler.dropped for handler in logging.getLogger().handlers if isinstance(handler, LineWriter))
+    return sum(writer.dropped for writer in _writers())
+
+
+def _writers() -> list[LineWriter]:
+    """The daemon's handler, where ``configure`` installed it."""
+    return [handler for handler in logging.getLogger().handlers if isinstance(handler, LineWriter)]
 
 
 def configure(level: str, json_lines: bool) -> None:
