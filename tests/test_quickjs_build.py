@@ -42,7 +42,7 @@ def sdist_tree(root: Path, arena_line: str) -> Path:
     # The discard's texts hold three of the four calls the budget reroutes; arena_new the fourth.
     arena_new = f"    ar = rt->mf.js_malloc(rt->malloc_state.opaque,\n{build.BUDGET_CHECK[1]}"
     sources: dict[str, str] = {build.QUICKJS_C: f"#define JS_ARENA_ALIGN             8\n{arena_line}{arena_new}"}
-    for name, old, _ in (*build.BUDGET, *build.DISCARD):
+    for name, old, _ in (*build.BUDGET, *build.DISCARD, *build.LAZY_ACCESSORS):
         sources[name] = sources.get(name, "") + f"/* ... */\n{old}"
     for name, text in sources.items():
         (root / name).write_text(text)
@@ -58,13 +58,15 @@ def module_settings(tree: Path) -> dict[str, object]:
     return namespace
 
 
-def test_the_build_sets_the_arena_size_adds_the_budget_and_the_discard_and_says_so(tmp_path: Path) -> None:
+def test_the_build_sets_the_arena_size_adds_the_budget_the_discard_and_lazy_accessors_and_says_so(
+    tmp_path: Path,
+) -> None:
     tree = sdist_tree(tmp_path, build.ARENA_LINE)
     build.patch(tree, 2048)
     source = (tree / build.QUICKJS_C).read_text()
     assert "#define JS_ARENA_SIZE              2048\n" in source
     assert "void JS_DiscardRuntime(JSRuntime *rt)\n{" in source
-    for name, _, edited in (*build.BUDGET, *build.DISCARD):
+    for name, _, edited in (*build.BUDGET, *build.DISCARD, *build.LAZY_ACCESSORS):
         expected = edited
         for call, budgeted, _ in build.BUDGET_CALLS:  # the discard's calls, rerouted through the budget
             expected = expected.replace(call, budgeted)
@@ -77,7 +79,8 @@ def test_the_build_sets_the_arena_size_adds_the_budget_and_the_discard_and_says_
     assert namespace["ARENA_BYTES"] == 2048
     assert namespace["NATIVE_BUDGET"] is True
     assert namespace["DISCARDS_RUNTIMES"] is True
-    assert f'version = "{build.VERSION}+arena2048.budget.discard"' in (tree / "pyproject.toml").read_text()
+    assert namespace["LAZY_ACCESSORS"] is True
+    assert f'version = "{build.VERSION}+arena2048.budget.lazy.discard"' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> None:
@@ -86,7 +89,15 @@ def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> 
     assert "JS_DiscardRuntime" not in (tree / build.QUICKJS_C).read_text()
     namespace = module_settings(tree)
     assert namespace["DISCARDS_RUNTIMES"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget"\n' in (tree / "pyproject.toml").read_text()
+    assert f'version = "{build.VERSION}+arena2048.budget.lazy"\n' in (tree / "pyproject.toml").read_text()
+
+
+def test_the_build_to_measure_against_makes_accessors_eagerly(tmp_path: Path) -> None:
+    tree = sdist_tree(tmp_path, build.ARENA_LINE)
+    build.patch(tree, 2048, lazy_accessors=False)
+    assert "js_autoinit_is_getset" not in (tree / build.QUICKJS_C).read_text()
+    assert module_settings(tree)["LAZY_ACCESSORS"] is False
+    assert f'version = "{build.VERSION}+arena2048.budget.discard"\n' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
@@ -164,6 +175,54 @@ def test_a_freed_runtime_leaves_none_of_its_heap_behind() -> None:
     assert left < 64, left
 
 
+def test_the_standard_librarys_accessors_are_made_where_the_build_says() -> None:
+    """On first use in the build (``LAZY_ACCESSORS``), once; with the runtime in QuickJS's own."""
+    context = quickjs.Context()
+    context.eval("Object.getOwnPropertyDescriptor(Object.prototype, 'toString')")  # the methods used below
+    before = context.memory()["c_func_count"]
+    assert context.eval("Object.getOwnPropertyDescriptor(Map.prototype, 'size').get.name") == "get size"
+    made = context.memory()["c_func_count"] - before
+    assert made == (1 if native.LAZY_ACCESSORS else 0)
+    assert context.eval("new Map().size + Object.getOwnPropertyDescriptor(Map.prototype, 'size').get.length") == 0
+    assert context.memory()["c_func_count"] - before == made
+
+
+# What a guest can observe of accessors it has not read yet, through every path that looks at a
+# property without reading it (flags only), and through those that define, freeze or delete one:
+# the same in QuickJS's own build (checked against it: ``--eager-accessors``).
+UNREAD_ACCESSORS = r"""
+const r = [];
+for (const [o, k] of [[Map.prototype, 'size'], [RegExp.prototype, 'flags'], [ArrayBuffer.prototype, 'byteLength'],
+                      [Object.prototype, '__proto__'], [Object.getPrototypeOf(Uint8Array.prototype), 'length']]) {
+  r.push([k, o.propertyIsEnumerable(k), Object.prototype.hasOwnProperty.call(o, k), Object.keys(o).includes(k)].join());
+}
+r.push(Object.isFrozen(Set.prototype), Object.isSealed(Set.prototype));
+r.push(Reflect.set(Object.create(null), 'size', 1, Map.prototype));
+(function () { 'use strict'; try { Object.create(Map.prototype).size = 3; } catch (e) { r.push(e.message); } })();
+Object.freeze(Map.prototype);
+const size = Object.getOwnPropertyDescriptor(Map.prototype, 'size');
+r.push(Object.isFrozen(Map.prototype), size.get.name, size.set, size.configurable, size.enumerable, 'writable' in size);
+r.push(new Map([[1, 1]]).size, delete RegExp.prototype.global, 'global' in RegExp.prototype, /a/g.flags);
+Object.defineProperty(ArrayBuffer.prototype, 'byteLength', { get() { return 42; } });
+Object.defineProperty(DataView.prototype, 'byteOffset', { value: 7 });
+r.push(new ArrayBuffer(3).byteLength, new DataView(new ArrayBuffer(2)).byteOffset);
+r.push(Object.prototype.__lookupSetter__.call(Object.prototype, '__proto__').name, ({ __proto__: Array.prototype }) instanceof Array);
+r.push(Object.getOwnPropertyNames(Symbol.prototype).join(' '), Symbol('q').description, new Int16Array(3).byteLength);
+r.join('|')
+"""
+
+
+def test_accessors_not_yet_read_look_as_they_do_in_quickjs() -> None:
+    assert quickjs.Context().eval(UNREAD_ACCESSORS).split("|") == [
+        *("size,false,true,false", "flags,false,true,false", "byteLength,false,true,false"),
+        *("__proto__,false,true,false", "length,false,true,false"),
+        *("false", "false", "false", "no setter for property"),
+        *("true", "get size", "", "false", "false", "false"),
+        *("1", "true", "false", "", "42", "7"),  # flags reads the deleted global
+        *("set __proto__", "true", "toString valueOf description constructor", "q", "6"),
+    ]
+
+
 def test_a_runtime_holding_a_python_callable_still_releases_it() -> None:
     """A Python callable in a runtime is released by its finalizer: such a runtime is never
     discarded whole, which would skip it."""
@@ -191,12 +250,14 @@ def test_info_names_the_quickjs_build() -> None:
         "version": version,
         "arena_bytes": native.ARENA_BYTES,
         "discards_runtimes": native.DISCARDS_RUNTIMES,
+        "lazy_accessors": native.LAZY_ACCESSORS,
         "budget_in_c": native.budget_in_c(),
     }
     freeing = "runtimes discarded whole" if native.DISCARDS_RUNTIMES else "runtimes freed object by object"
     budget = "memory budgets checked in C" if native.budget_in_c() else "memory budgets checked in Python hooks"
     text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
-    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}"
+    accessors = "accessors made on first use" if native.LAZY_ACCESSORS else "accessors made with each runtime"
+    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}"
     assert line in text.splitlines()
 
 

@@ -93,7 +93,9 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     quickjs = report["quickjs"]
     freeing = "runtimes discarded whole" if quickjs["discards_runtimes"] else "runtimes freed object by object"  # type: ignore[index]
     budget = "memory budgets checked in C" if quickjs["budget_in_c"] else "memory budgets checked in Python hooks"  # type: ignore[index]
-    print(f"quickjs-ng {quickjs['version']}: {quickjs['arena_bytes'] // 1024} KiB arenas, {freeing}, {budget}")  # type: ignore[index]
+    accessors = "accessors made on first use" if quickjs["lazy_accessors"] else "accessors made with each runtime"  # type: ignore[index]
+    arenas = f"{quickjs['arena_bytes'] // 1024} KiB arenas"  # type: ignore[index]
+    print(f"quickjs-ng {quickjs['version']}: {arenas}, {freeing}, {budget}, {accessors}")  # type: ignore[index]
     for warning in report["warnings"]:  # type: ignore[attr-defined]
         print(f"warning: {warning}")
     for name in report["unsafe_settings"]:  # type: ignore[attr-defined]

@@ -104,6 +104,7 @@ def host_report(settings: Settings) -> dict[str, object]:
             "version": importlib.metadata.version("quickjs-ng"),
             "arena_bytes": native.ARENA_BYTES,
             "discards_runtimes": native.DISCARDS_RUNTIMES,
+            "lazy_accessors": native.LAZY_ACCESSORS,
             "budget_in_c": native.budget_in_c(),
         },
         "protections": protections,
