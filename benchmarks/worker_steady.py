@@ -8,7 +8,14 @@ system) and context switches. With no daemon and no WebSocket client beside it
 on the cores, the figure moves by a few percent between runs, where the whole
 tree's at c=64 moves by twenty: the measure for a change to the worker alone.
 
+With ``--other-pythonpath DIR --pairs N`` it alternates N pairs of runs, this
+environment's QuickJS build against the one in DIR (``deploy/quickjs/build.py
+--target DIR`` with the edit to compare left out), and compares them as
+``alternate.py`` compares daemons: each side's range and median, and the pairs
+one by one (in how many this side was lower, the ratio at the median).
+
     python benchmarks/worker_steady.py [--in-flight 64] [--duration 3] [--threads 16]
+        [--other-pythonpath DIR --pairs N]
 
 It asserts nothing about time; every wait is bounded.
 """
@@ -16,6 +23,7 @@ It asserts nothing about time; every wait is bounded.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from benchkit.lone_worker import WAIT_S, Channel, Usage, lone_worker
@@ -43,19 +51,53 @@ def load(channel: Channel, in_flight: int, seconds: float) -> int:
     return finished
 
 
+def measure(args: argparse.Namespace, pythonpath: str | None) -> tuple[float, float, str]:
+    """One run: executions per second, the worker's CPU ms per execution, and its usage line."""
+    with lone_worker(args.threads, pythonpath) as (worker, channel):
+        load(channel, args.in_flight, 1.0)
+        before, began = Usage.of(worker.pid), time.monotonic()
+        n = load(channel, args.in_flight, args.duration)
+        after, took = Usage.of(worker.pid), time.monotonic() - began
+    return n / took, after.cpu_ms(before, n), after.per(before, n)
+
+
+def alternate(args: argparse.Namespace) -> None:
+    """``--pairs`` pairs, each side first in every other pair, then the comparison."""
+    sides = {"this": None, "other": args.other_pythonpath}
+    cpu: dict[str, list[float]] = {"this": [], "other": []}
+    print(f"{args.in_flight} in flight, {args.threads} runner threads; other = PYTHONPATH {args.other_pythonpath}")
+    for pair in range(args.pairs):
+        for label in ("this", "other") if pair % 2 == 0 else ("other", "this"):
+            rate, ms, usage = measure(args, sides[label])
+            cpu[label].append(ms)
+            print(f"  {label:<5} {rate:5.0f}/s  {usage}", flush=True)
+    for label, runs in cpu.items():
+        print(
+            f"  {label:<5} {min(runs) * 1000:.0f}-{max(runs) * 1000:.0f} us, median {statistics.median(runs) * 1000:.0f}"
+        )
+    ratios = [a / b for a, b in zip(cpu["this"], cpu["other"], strict=True)]
+    print(
+        f"  paired: this lower in {sum(r < 1 for r in ratios)} of {len(ratios)} pairs; "
+        f"this / other at the median {statistics.median(ratios):.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=16, help="the worker's runner threads")
+    parser.add_argument(
+        "--other-pythonpath", help="a QuickJS build to alternate with (deploy/quickjs/build.py --target)"
+    )
+    parser.add_argument("--pairs", type=int, default=6, help="pairs of runs with --other-pythonpath")
     args = parser.parse_args()
-    with lone_worker(args.threads) as (worker, channel):
-        load(channel, args.in_flight, 1.0)
-        before, began = Usage.of(worker.pid), time.monotonic()
-        n = load(channel, args.in_flight, args.duration)
-        after, took = Usage.of(worker.pid), time.monotonic() - began
-    print(f"{args.in_flight} in flight, {args.threads} runner threads: {n / took:.0f} executions/s")
-    print(f"  worker: {after.per(before, n)}")
+    if args.other_pythonpath:
+        alternate(args)
+        return
+    rate, _, usage = measure(args, None)
+    print(f"{args.in_flight} in flight, {args.threads} runner threads: {rate:.0f} executions/s")
+    print(f"  worker: {usage}")
 
 
 if __name__ == "__main__":

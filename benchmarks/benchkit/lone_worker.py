@@ -44,6 +44,10 @@ class Usage:
                     involuntary += int(line.split()[1])
         return cls(int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK, voluntary, involuntary)
 
+    def cpu_ms(self, before: Usage, n: int) -> float:
+        """CPU milliseconds per execution since ``before``, over ``n`` executions."""
+        return (self.user - before.user + self.system - before.system) / n * 1000
+
     def per(self, before: Usage, n: int) -> str:
         user, system = (self.user - before.user) / n * 1000, (self.system - before.system) / n * 1000
         return (
@@ -81,12 +85,15 @@ class Channel:
 
 
 @contextmanager
-def lone_worker(threads: int) -> Iterator[tuple[subprocess.Popen[bytes], Channel]]:
+def lone_worker(threads: int, pythonpath: str | None = None) -> Iterator[tuple[subprocess.Popen[bytes], Channel]]:
     """A worker with ``threads`` runner threads, started and ready; its channel closes (and the
-    worker ends) on the way out."""
+    worker ends) on the way out. ``pythonpath``: put this first on its ``PYTHONPATH`` (a QuickJS
+    build made with ``deploy/quickjs/build.py --target``)."""
     ours, theirs = socket.socketpair()
     command = [sys.executable, "-m", "execbox_runner.worker.loop", str(theirs.fileno()), "--no-sandbox"]
     environment = {**os.environ, "MALLOC_ARENA_MAX": "1"}
+    if pythonpath is not None:
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
     worker = subprocess.Popen([*command, "--threads", str(threads)], pass_fds=[theirs.fileno()], env=environment)
     theirs.close()
     channel = Channel(ours)

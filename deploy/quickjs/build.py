@@ -27,7 +27,7 @@ execution touches almost none of them. QuickJS already makes its methods on firs
 ``JS_PROP_AUTOINIT``, realized by every path that reads, writes, defines or describes it); the
 build does the same for the configurable accessors, the placeholder turning into the accessor
 property as it is realized and reporting an accessor's flags before (51 function objects, 35 atoms
-and ~10 KiB fewer in a runtime with the bootstrap loaded; a worker ~12% less CPU per trivial execution). What a guest can
+and ~10 KiB fewer in a runtime with the bootstrap loaded; ~10 us less to make and free one). What a guest can
 observe is unchanged: the descriptors, names, lengths, enumerability and the errors of every
 intrinsic property are the same either way (``tests/test_quickjs_build.py``).
 

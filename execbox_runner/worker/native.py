@@ -267,7 +267,7 @@ ARENA_BYTES: Final[int] = getattr(quickjs, "ARENA_BYTES", 4096)
 # by one (a build of ``deploy/quickjs/build.py``; ~40 us less of a worker's CPU per execution).
 DISCARDS_RUNTIMES: Final[bool] = getattr(quickjs, "DISCARDS_RUNTIMES", False)
 # Whether the standard library's accessors are made on first use rather than with every runtime
-# (a build of ``deploy/quickjs/build.py``; ~10 KiB and ~12% of a worker's CPU per trivial execution).
+# (a build of ``deploy/quickjs/build.py``; ~10 KiB and ~10 us of a worker's CPU per execution).
 LAZY_ACCESSORS: Final[bool] = getattr(quickjs, "LAZY_ACCESSORS", False)
 
 # Once an allocation was refused, QuickJS must still be able to raise its out-of-memory error:
