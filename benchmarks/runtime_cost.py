@@ -1,0 +1,131 @@
+"""What a worker spends on one trivial execution's runtime, part by part, in this process.
+
+Each figure is the least, over ``--chunks`` chunks of ``--size`` iterations, of the
+wall time per iteration on this one thread: the chunk the machine disturbed least.
+On this shared machine that moves by a few percent between runs, where a median
+moves by twenty, so it shows a change of ~10 us to QuickJS or to the worker's
+Python that ``worker_steady.py`` and the whole tree hide:
+
+* a bare QuickJS context made and freed (``quickjs.Context()``);
+* a fresh runtime made and freed, the bootstrap loaded (``fresh_runtime``);
+* a trivial execution's whole ``GuestRun``: the runtime, the guest's ``1+1``
+  normalized, evaluated and started, its outcome read, the runtime freed;
+* the guest's text normalized alone (tree-sitter);
+* a fresh runtime freed alone (``JS_DiscardRuntime`` in the build).
+
+With ``--other-pythonpath DIR --rounds N`` it runs itself N times with this
+environment's QuickJS build and with the one in DIR (``deploy/quickjs/build.py
+--target DIR`` with the edit to compare left out), alternated, and prints each
+side's range per figure.
+
+    python benchmarks/runtime_cost.py [--chunks 25] [--size 200] [--other-pythonpath DIR --rounds 5]
+
+It asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import version
+
+import quickjs
+
+from execbox_runner.protocol import ipc
+from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
+from execbox_runner.worker.normalize import normalize
+
+RUN = ipc.Run("1+1", 5.0, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24)
+WARM_UP = 300  # iterations before the first chunk: the heap and caches settle
+
+
+def least(work: Callable[[], object], chunks: int, size: int) -> float:
+    """Microseconds per call of ``work``: the least of ``chunks`` chunks of ``size`` calls."""
+    for _ in range(WARM_UP):
+        work()
+    best = float("inf")
+    for _ in range(chunks):
+        began = time.perf_counter()
+        for _ in range(size):
+            work()
+        best = min(best, (time.perf_counter() - began) / size)
+    return best * 1e6
+
+
+def least_free(chunks: int, size: int) -> float:
+    """Microseconds to free a fresh runtime: the least of ``chunks`` chunks, each freeing ``size``."""
+    best = float("inf")
+    for _ in range(chunks):
+        runtimes: list[Runtime | None] = [fresh_runtime() for _ in range(size)]
+        began = time.perf_counter()
+        for index in range(size):
+            runtimes[index] = None
+        best = min(best, (time.perf_counter() - began) / size)
+    return best * 1e6
+
+
+def measure(chunks: int, size: int) -> dict[str, float]:
+    return {
+        "context made and freed": least(quickjs.Context, chunks, size),
+        "runtime with the bootstrap, made and freed": least(fresh_runtime, chunks, size),
+        "trivial execution (GuestRun, start to Finished)": least(
+            lambda: GuestRun(RUN, fresh_runtime()).start(), chunks, size
+        ),
+        "the guest's text normalized": least(lambda: normalize(RUN.code), chunks, size),
+        "a fresh runtime freed": least_free(chunks, size),
+    }
+
+
+def alternate(args: argparse.Namespace) -> None:
+    """``--rounds`` runs of this script per side, alternated; each side's range per figure."""
+    command = [sys.executable, __file__, "--chunks", str(args.chunks), "--size", str(args.size), "--json"]
+    sides = {"this": os.environ.get("PYTHONPATH"), "other": args.other_pythonpath}
+    if sides["this"] is not None:
+        sides["other"] = os.pathsep.join((args.other_pythonpath, sides["this"]))
+    results: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
+    for round_ in range(args.rounds):
+        for label in ("this", "other") if round_ % 2 == 0 else ("other", "this"):
+            env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+            path = sides[label]
+            if path is not None:
+                env["PYTHONPATH"] = path
+            out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+            results[label].append(json.loads(out))
+            figures = " / ".join(f"{value:.1f}" for value in results[label][-1].values())
+            print(f"  round {round_ + 1} {label:<5} {figures}", flush=True)
+    print(f"us, the least of {args.chunks} chunks of {args.size}; this / other = PYTHONPATH {args.other_pythonpath}:")
+    for name in results["this"][0]:
+        this = [run[name] for run in results["this"]]
+        other = [run[name] for run in results["other"]]
+        print(f"  {name:<48} {min(this):6.1f}-{max(this):6.1f} against {min(other):6.1f}-{max(other):6.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chunks", type=int, default=25)
+    parser.add_argument("--size", type=int, default=200)
+    parser.add_argument(
+        "--other-pythonpath", help="a QuickJS build to alternate with (deploy/quickjs/build.py --target)"
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="runs per side with --other-pythonpath")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.other_pythonpath:
+        alternate(args)
+        return
+    figures = measure(args.chunks, args.size)
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"us, the least of {args.chunks} chunks of {args.size} (quickjs-ng {version('quickjs-ng')}):")
+    for name, value in figures.items():
+        print(f"  {name:<48} {value:6.1f}")
+
+
+if __name__ == "__main__":
+    main()
