@@ -280,7 +280,8 @@ static no_inline JSArena *arena_new(JSRuntime *rt, int block_size_idx)
 # accessor's functions, the placeholder turned into the accessor where any placeholder is
 # realized, its flags reported as an accessor's before it is, and the function list's accessors
 # defined as placeholders (configurable ones only: a non-configurable placeholder would fail
-# the checks of Object.defineProperty meant for accessors).
+# the checks of Object.defineProperty meant for accessors; those are made at once by the same
+# maker, in place of QuickJS's own copy of it).
 LAZY_ACCESSORS: tuple[tuple[str, str, str], ...] = (
     (
         QUICKJS_C,
@@ -384,6 +385,26 @@ static int JS_InstantiateFunctionListItem(JSContext *ctx, JSValueConst obj,
         """    case JS_DEF_CGETSET: /* XXX: use autoinit again ? */
     case JS_DEF_CGETSET_MAGIC:
         {
+            JSValue getter, setter;
+            char buf[64];
+
+            getter = JS_UNDEFINED;
+            if (e->u.getset.get.generic) {
+                snprintf(buf, sizeof(buf), "get %s", e->name);
+                getter = JS_NewCFunction2(ctx, e->u.getset.get.generic,
+                                          buf, 0, e->def_type == JS_DEF_CGETSET_MAGIC ? JS_CFUNC_getter_magic : JS_CFUNC_getter,
+                                          e->magic);
+            }
+            setter = JS_UNDEFINED;
+            if (e->u.getset.set.generic) {
+                snprintf(buf, sizeof(buf), "set %s", e->name);
+                setter = JS_NewCFunction2(ctx, e->u.getset.set.generic,
+                                          buf, 1, e->def_type == JS_DEF_CGETSET_MAGIC ? JS_CFUNC_setter_magic : JS_CFUNC_setter,
+                                          e->magic);
+            }
+            JS_DefinePropertyGetSet(ctx, obj, atom, getter, setter, prop_flags);
+            return 0;
+        }
 """,
         """    case JS_DEF_CGETSET:
     case JS_DEF_CGETSET_MAGIC:
@@ -394,6 +415,13 @@ static int JS_InstantiateFunctionListItem(JSContext *ctx, JSValueConst obj,
             return 0;
         }
         {
+            JSValue getter, setter;
+
+            if (js_instantiate_getset(ctx, e, &getter, &setter))
+                return -1;
+            JS_DefinePropertyGetSet(ctx, obj, atom, getter, setter, prop_flags);
+            return 0;
+        }
 """,
     ),
 )
