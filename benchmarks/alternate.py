@@ -26,6 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benchkit.pairs import alternated, compared
 from benchkit.processes import start_daemon
 from benchkit.throughput import settled_throughput
 
@@ -66,16 +67,15 @@ def paired(this: list[dict[str, Any]], other: list[dict[str, Any]]) -> str:
     """The pairs compared one by one: a change of a few percent shows in how many pairs it is lower
     (and by how much at the median) sooner than in the two sides' medians, which the hour moves."""
 
-    def ratios(key: str) -> list[float]:
-        return [a[key] / b[key] for a, b in zip(this, other, strict=True) if a.get(key) and b.get(key)]
+    def figure(key: str) -> tuple[int, int, float] | None:
+        return compared([run.get(key) for run in this], [run.get(key) for run in other])
 
-    tree, daemon = ratios(FIGURES[0]), ratios(FIGURES[1])
-    if not tree or not daemon:
+    tree, daemon = figure(FIGURES[0]), figure(FIGURES[1])
+    if tree is None or daemon is None:
         return "  paired: no CPU figures"
     return (
-        f"  paired: this lower in {sum(r < 1 for r in tree)} of {len(tree)} pairs (tree), "
-        f"{sum(r < 1 for r in daemon)} of {len(daemon)} (daemon); this / other at the median "
-        f"{statistics.median(tree):.3f} (tree), {statistics.median(daemon):.3f} (daemon)"
+        f"  paired: this lower in {tree[0]} of {tree[1]} pairs (tree), {daemon[0]} of {daemon[1]} (daemon); "
+        f"this / other at the median {tree[2]:.3f} (tree), {daemon[2]:.3f} (daemon)"
     )
 
 
@@ -90,15 +90,14 @@ def main() -> None:
     args = parser.parse_args()
     other = args.other.resolve()
     sides = {"this": (THIS, None), "other": (other, args.other_pythonpath)}
-    results: dict[str, list[dict[str, Any]]] = {"this": [], "other": []}
     print(f"c={args.concurrency}, {args.duration:g} s per run; this = {THIS}, other = {other}")
-    for pair in range(args.pairs):
-        order = ("this", "other") if pair % 2 == 0 else ("other", "this")
-        for label in order:
-            checkout, pythonpath = sides[label]
-            result = measure(checkout, pythonpath, args.concurrency, args.duration)
-            results[label].append(result)
-            print(line(label, result), flush=True)
+
+    def run(label: str, _: int) -> dict[str, Any]:
+        result = measure(*sides[label], args.concurrency, args.duration)
+        print(line(label, result), flush=True)
+        return result
+
+    results = alternated(args.pairs, run)
     print("summary:")
     for label, runs in results.items():
         print(summary(label, runs, args.target_us))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ from collections.abc import Callable
 from importlib.metadata import version
 
 import quickjs
+from benchkit.pairs import alternated
+from benchkit.processes import with_pythonpath
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
@@ -84,20 +85,15 @@ def measure(chunks: int, size: int) -> dict[str, float]:
 def alternate(args: argparse.Namespace) -> None:
     """``--rounds`` runs of this script per side, alternated; each side's range per figure."""
     command = [sys.executable, __file__, "--chunks", str(args.chunks), "--size", str(args.size), "--json"]
-    sides = {"this": os.environ.get("PYTHONPATH"), "other": args.other_pythonpath}
-    if sides["this"] is not None:
-        sides["other"] = os.pathsep.join((args.other_pythonpath, sides["this"]))
-    results: dict[str, list[dict[str, float]]] = {"this": [], "other": []}
-    for round_ in range(args.rounds):
-        for label in ("this", "other") if round_ % 2 == 0 else ("other", "this"):
-            env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-            path = sides[label]
-            if path is not None:
-                env["PYTHONPATH"] = path
-            out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
-            results[label].append(json.loads(out))
-            figures = " / ".join(f"{value:.1f}" for value in results[label][-1].values())
-            print(f"  round {round_ + 1} {label:<5} {figures}", flush=True)
+
+    def run(label: str, round_: int) -> dict[str, float]:
+        env = with_pythonpath(args.other_pythonpath if label == "other" else None)
+        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+        figures: dict[str, float] = json.loads(out)
+        print(f"  round {round_ + 1} {label:<5} {' / '.join(f'{value:.1f}' for value in figures.values())}", flush=True)
+        return figures
+
+    results = alternated(args.rounds, run)
     print(f"us, the least of {args.chunks} chunks of {args.size}; this / other = PYTHONPATH {args.other_pythonpath}:")
     for name in results["this"][0]:
         this = [run[name] for run in results["this"]]

@@ -27,6 +27,7 @@ import statistics
 import time
 
 from benchkit.lone_worker import WAIT_S, Channel, Usage, lone_worker
+from benchkit.pairs import alternated, compared
 
 from execbox_runner.protocol import ipc
 
@@ -63,23 +64,20 @@ def measure(args: argparse.Namespace, pythonpath: str | None) -> tuple[float, fl
 
 def alternate(args: argparse.Namespace) -> None:
     """``--pairs`` pairs, each side first in every other pair, then the comparison."""
-    sides = {"this": None, "other": args.other_pythonpath}
-    cpu: dict[str, list[float]] = {"this": [], "other": []}
     print(f"{args.in_flight} in flight, {args.threads} runner threads; other = PYTHONPATH {args.other_pythonpath}")
-    for pair in range(args.pairs):
-        for label in ("this", "other") if pair % 2 == 0 else ("other", "this"):
-            rate, ms, usage = measure(args, sides[label])
-            cpu[label].append(ms)
-            print(f"  {label:<5} {rate:5.0f}/s  {usage}", flush=True)
+
+    def run(label: str, _: int) -> float:
+        rate, ms, usage = measure(args, args.other_pythonpath if label == "other" else None)
+        print(f"  {label:<5} {rate:5.0f}/s  {usage}", flush=True)
+        return ms
+
+    cpu = alternated(args.pairs, run)
     for label, runs in cpu.items():
         print(
             f"  {label:<5} {min(runs) * 1000:.0f}-{max(runs) * 1000:.0f} us, median {statistics.median(runs) * 1000:.0f}"
         )
-    ratios = [a / b for a, b in zip(cpu["this"], cpu["other"], strict=True)]
-    print(
-        f"  paired: this lower in {sum(r < 1 for r in ratios)} of {len(ratios)} pairs; "
-        f"this / other at the median {statistics.median(ratios):.3f}"
-    )
+    lower, pairs, ratio = compared(cpu["this"], cpu["other"]) or (0, 0, float("nan"))
+    print(f"  paired: this lower in {lower} of {pairs} pairs; this / other at the median {ratio:.3f}")
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from execbox_runner.protocol import ipc
 
+from .processes import with_pythonpath
 from .procfs import CLK_TCK
 
 WAIT_S = 60.0  # any one wait on the worker
@@ -91,9 +92,7 @@ def lone_worker(threads: int, pythonpath: str | None = None) -> Iterator[tuple[s
     build made with ``deploy/quickjs/build.py --target``)."""
     ours, theirs = socket.socketpair()
     command = [sys.executable, "-m", "execbox_runner.worker.loop", str(theirs.fileno()), "--no-sandbox"]
-    environment = {**os.environ, "MALLOC_ARENA_MAX": "1"}
-    if pythonpath is not None:
-        environment["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
+    environment = {**with_pythonpath(pythonpath), "MALLOC_ARENA_MAX": "1"}
     worker = subprocess.Popen([*command, "--threads", str(threads)], pass_fds=[theirs.fileno()], env=environment)
     theirs.close()
     channel = Channel(ours)

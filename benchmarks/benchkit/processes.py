@@ -45,15 +45,20 @@ class Server:
             self.log.close()
 
 
+def with_pythonpath(*first: str | None) -> dict[str, str]:
+    """This process's environment with ``first`` (those given) ahead of its ``PYTHONPATH``."""
+    path = os.pathsep.join(p for p in (*first, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, **({"PYTHONPATH": path} if path else {})}
+
+
 def popen_module(module: str, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
     """Run ``python -m benchkit.<module> args`` with a text stdout pipe, importable from any working directory."""
-    path = os.pathsep.join(p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(
         [sys.executable, "-m", f"benchkit.{module}", *args],
         stdin=stdin,
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": path},
+        env=with_pythonpath(_PACKAGE_ROOT),
     )
 
 
@@ -116,8 +121,7 @@ def start_daemon(
     argv += extra_args or []
     env = None
     if checkout is not None or pythonpath is not None:
-        paths = [pythonpath, str(checkout) if checkout else None, os.environ.get("PYTHONPATH")]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        env = with_pythonpath(pythonpath, str(checkout) if checkout else None)
     log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - the Server closes it as it stops
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, cwd=checkout, env=env)
     try:

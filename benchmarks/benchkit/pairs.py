@@ -1,0 +1,35 @@
+"""Two sides measured in alternated pairs, and the pairs compared one by one (``alternate.py``,
+``worker_steady.py``, ``runtime_cost.py``).
+
+On this shared machine a figure moves by far more from hour to hour than a change moves it: only
+runs alternated under the same conditions compare, and a change of a few percent shows in how
+many pairs one side was lower (and by how much at the median) sooner than in the sides' medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+SIDES = ("this", "other")
+
+
+def alternated(pairs: int, run: Callable[[str, int], T]) -> dict[str, list[T]]:
+    """``run(side, pair)`` for both sides ``pairs`` times: "this" first in even pairs, "other" in odd
+    ones, so that a drift of the machine's load falls on both alike."""
+    results: dict[str, list[T]] = {side: [] for side in SIDES}
+    for pair in range(pairs):
+        for side in SIDES if pair % 2 == 0 else SIDES[::-1]:
+            results[side].append(run(side, pair))
+    return results
+
+
+def compared(this: Sequence[float | None], other: Sequence[float | None]) -> tuple[int, int, float] | None:
+    """Of the pairs with both figures: in how many "this" was lower, how many, and this / other at
+    the median; None when no pair has both."""
+    ratios = [a / b for a, b in zip(this, other, strict=True) if a and b]
+    if not ratios:
+        return None
+    return sum(ratio < 1 for ratio in ratios), len(ratios), statistics.median(ratios)
