@@ -125,3 +125,86 @@ async def test_what_a_pass_defers_runs_at_its_end_in_order() -> None:
     ours.close()
     theirs.close()
     assert ran == ["outside", "handler", "write a", "write b"]
+
+
+class PingPong:
+    """Two socketpairs whose handlers hand one byte back and forth: a reactor that always has a
+    socket ready, one per pass, until ``passes`` handlers have run."""
+
+    def __init__(self, reactor: Reactor, passes: int) -> None:
+        self.left, self.left_peer = socket.socketpair()
+        self.right, self.right_peer = socket.socketpair()
+        self.served = 0
+        self.done = trio.Event()
+        self._passes = passes
+        reactor.register(self.left.fileno(), READ, lambda _mask: self._hand(self.left, self.right_peer))
+        reactor.register(self.right.fileno(), READ, lambda _mask: self._hand(self.right, self.left_peer))
+        self.left_peer.send(b"x")
+
+    def _hand(self, source: socket.socket, to: socket.socket) -> None:
+        source.recv(1)
+        self.served += 1
+        if self.served < self._passes:
+            to.send(b"x")
+        else:
+            self.done.set()
+
+    def close(self) -> None:
+        for sock in (self.left, self.left_peer, self.right, self.right_peer):
+            sock.close()
+
+
+class Steps(trio.abc.Instrument):
+    """How often trio ran one task (each a pass through trio's scheduler for it)."""
+
+    def __init__(self) -> None:
+        self.task: trio.lowlevel.Task | None = None
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def test_a_busy_reactor_serves_its_sockets_without_a_trip_through_trio_for_each() -> None:
+    """While sockets keep becoming ready, the reactor waits on its epoll itself: far fewer passes
+    through trio's scheduler than passes served (with ``BUSY_WAIT_S`` 0, one each)."""
+    reactor = Reactor()
+    pingpong = PingPong(reactor, passes=5000)
+    steps = Steps()
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as nursery:
+            steps.task = await nursery.start(_run_reactor, reactor)
+            with trio.fail_after(WAIT_S):
+                await pingpong.done.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+        reactor.close()
+        pingpong.close()
+    assert pingpong.served == 5000
+    assert steps.steps < pingpong.served / 10, (steps.steps, pingpong.served)
+
+
+async def test_a_reactor_kept_busy_still_lets_trio_run_its_other_tasks() -> None:
+    """A reactor that always has a socket ready hands the thread back to trio every
+    ``TRIO_TURN_S``: another task sleeping 1 ms at a time keeps running meanwhile."""
+    reactor = Reactor()
+    pingpong = PingPong(reactor, passes=2_000_000)  # a bound in case the reactor never yields
+    turns_while_busy = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        with trio.fail_after(WAIT_S):
+            while turns_while_busy < 20 and not pingpong.done.is_set():
+                await trio.sleep(0.001)
+                turns_while_busy += pingpong.served > 0 and not pingpong.done.is_set()
+        nursery.cancel_scope.cancel()
+    reactor.close()
+    pingpong.close()
+    assert turns_while_busy == 20, f"trio's other task ran {turns_while_busy} times while the reactor was busy"
+
+
+async def _run_reactor(reactor: Reactor, *, task_status: trio.TaskStatus[trio.lowlevel.Task]) -> None:
+    task_status.started(trio.lowlevel.current_task())
+    await reactor.run()
