@@ -5,7 +5,7 @@ A forked feeder writes a byte to a socketpair every ``--gap-us`` microseconds
 (a busy daemon's sockets become ready about that often) for ``--seconds``; the
 reactor's handler reads it. Measured alternately, ``--rounds`` times: the
 reactor as the daemon runs it (after a pass, it waits on its own epoll while
-sockets keep becoming ready: ``BUSY_WAIT_S``, ``TRIO_TURN_S``), and with
+sockets keep becoming ready: ``BUSY_WAIT_S``, ``PASSES_PER_TURN``, ``TRIO_TURN_S``), and with
 ``TRIO_TURN_S`` 0 (every pass through trio's scheduler, as before 2026-11-26).
 Prints each side's passes and CPU per pass (this process's user+system time,
 the feeder's not counted) and their ratio.

@@ -11,11 +11,13 @@ then serves every socket that became ready together.
 
 A pass through trio's scheduler costs ~20 us of CPU more than waiting on the
 epoll directly (``benchmarks/reactor_pass.py``), and a busy daemon made about one
-per execution. So after a pass that served something, the reactor waits on its
-epoll itself, serving what becomes ready as it does, for as long as sockets keep
-becoming ready (within ``BUSY_WAIT_S`` of each other) and at most ``TRIO_TURN_S``;
-then trio has the thread back, and its other tasks (the pool's, the sampler, the
-drain, signals) wait at most that long for it.
+per execution. So after a pass, the reactor waits on its epoll itself, serving
+what becomes ready as it does, for as long as sockets keep becoming ready (within
+``BUSY_WAIT_S`` of each other), for ``PASSES_PER_TURN`` passes at most and at most
+``TRIO_TURN_S``; then trio has the thread back. Its other tasks (the pool's, the
+session records' writers, the sampler, the drain, signals) so still run every few
+passes, as they ran after every pass before: a session record written as fast as a
+host sends it.
 
 The reactor is a trio task like any other (in the daemon's nursery, cancelled
 with it); handlers and timers run inside it, so they may use trio's clock and
@@ -42,6 +44,7 @@ WRITE: Final = select.EPOLLOUT
 MAX_EVENTS: Final = 64  # sockets served per pass (the rest on the next): the timers due run after a few ms at most
 COMPACT_AFTER: Final = 1024  # cancelled timers the heap may hold before it is rebuilt without them
 BUSY_WAIT_S: Final = 0.001  # after a pass, how long the reactor waits on its epoll itself for more
+PASSES_PER_TURN: Final = 4  # passes served between two of trio's, at most
 TRIO_TURN_S: Final = 0.002  # the longest the reactor keeps the thread from trio's other tasks
 
 
@@ -127,9 +130,12 @@ class Reactor:
 
     def _serve_while_busy(self) -> None:
         """Wait on the epoll directly and serve, while sockets keep becoming ready (see the module
-        docstring): back to trio once none has for ``BUSY_WAIT_S``, or after ``TRIO_TURN_S``."""
+        docstring): back to trio once none has for ``BUSY_WAIT_S``, after ``PASSES_PER_TURN - 1``
+        more passes, or after ``TRIO_TURN_S``."""
         turn_ends = self._now + TRIO_TURN_S
-        while self._now < turn_ends:
+        for _ in range(PASSES_PER_TURN - 1):
+            if self._now >= turn_ends:
+                return
             wait = min(BUSY_WAIT_S, self._next_deadline() - self._now)
             events = self._epoll.poll(max(wait, 0.0), MAX_EVENTS)
             if not events and wait >= BUSY_WAIT_S:
