@@ -42,7 +42,7 @@ def sdist_tree(root: Path, arena_line: str) -> Path:
     # The discard's texts hold three of the four calls the budget reroutes; arena_new the fourth.
     arena_new = f"    ar = rt->mf.js_malloc(rt->malloc_state.opaque,\n{build.BUDGET_CHECK[1]}"
     sources: dict[str, str] = {build.QUICKJS_C: f"#define JS_ARENA_ALIGN             8\n{arena_line}{arena_new}"}
-    for name, old, _ in (*build.BUDGET, *build.DISCARD, *build.LAZY_ACCESSORS):
+    for name, old, _ in (*build.BUDGET, *build.LAZY_CLOCK, *build.DISCARD, *build.LAZY_ACCESSORS):
         sources[name] = sources.get(name, "") + f"/* ... */\n{old}"
     for name, text in sources.items():
         (root / name).write_text(text)
@@ -58,7 +58,7 @@ def module_settings(tree: Path) -> dict[str, object]:
     return namespace
 
 
-def test_the_build_sets_the_arena_size_adds_the_budget_the_discard_and_lazy_accessors_and_says_so(
+def test_the_build_sets_the_arena_size_adds_the_budget_the_clock_the_discard_and_lazy_accessors_and_says_so(
     tmp_path: Path,
 ) -> None:
     tree = sdist_tree(tmp_path, build.ARENA_LINE)
@@ -66,7 +66,7 @@ def test_the_build_sets_the_arena_size_adds_the_budget_the_discard_and_lazy_acce
     source = (tree / build.QUICKJS_C).read_text()
     assert "#define JS_ARENA_SIZE              2048\n" in source
     assert "void JS_DiscardRuntime(JSRuntime *rt)\n{" in source
-    for name, _, edited in (*build.BUDGET, *build.DISCARD, *build.LAZY_ACCESSORS):
+    for name, _, edited in (*build.BUDGET, *build.LAZY_CLOCK, *build.DISCARD, *build.LAZY_ACCESSORS):
         expected = edited
         for call, budgeted, _ in build.BUDGET_CALLS:  # the discard's calls, rerouted through the budget
             expected = expected.replace(call, budgeted)
@@ -80,7 +80,8 @@ def test_the_build_sets_the_arena_size_adds_the_budget_the_discard_and_lazy_acce
     assert namespace["NATIVE_BUDGET"] is True
     assert namespace["DISCARDS_RUNTIMES"] is True
     assert namespace["LAZY_ACCESSORS"] is True
-    assert f'version = "{build.VERSION}+arena2048.budget.lazy.discard"' in (tree / "pyproject.toml").read_text()
+    assert namespace["LAZY_CLOCK"] is True
+    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy.discard"' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> 
     assert "JS_DiscardRuntime" not in (tree / build.QUICKJS_C).read_text()
     namespace = module_settings(tree)
     assert namespace["DISCARDS_RUNTIMES"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget.lazy"\n' in (tree / "pyproject.toml").read_text()
+    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy"\n' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_to_measure_against_makes_accessors_eagerly(tmp_path: Path) -> None:
@@ -97,7 +98,7 @@ def test_the_build_to_measure_against_makes_accessors_eagerly(tmp_path: Path) ->
     build.patch(tree, 2048, lazy_accessors=False)
     assert "js_autoinit_is_getset" not in (tree / build.QUICKJS_C).read_text()
     assert module_settings(tree)["LAZY_ACCESSORS"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget.discard"\n' in (tree / "pyproject.toml").read_text()
+    assert f'version = "{build.VERSION}+arena2048.budget.clock.discard"\n' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
@@ -278,6 +279,24 @@ def test_every_accessor_is_made_as_quickjs_makes_it() -> None:
         "00000001",
     ]
     assert found["sizes"] == [4, 8, 8, 16, 2]
+
+
+def test_the_time_limit_reads_the_clock_only_once_the_engine_checks_it() -> None:
+    """In the build (``LAZY_CLOCK``), a call that ends before the engine's first check of its time
+    limit reads no CPU clock (a system call); a call that runs on is still stopped by its limit,
+    counted from that check. QuickJS's own build reads the clock as every call starts."""
+    context = quickjs.Context()
+    context.eval("0")  # a fresh context checks at its first poll (as a worker's bootstrap, with no limit set)
+    context.set_time_limit(5.0)
+    context.eval("1 + 1")
+    start = native._word(context, native._START).value
+    assert start == -2 if native.LAZY_CLOCK else start >= 0
+    context.set_time_limit(0.05)
+    with pytest.raises(quickjs.JSException, match="interrupted"):
+        context.eval("while (true) {}")
+    assert native._word(context, native._START).value >= 0
+    context.set_time_limit(5.0)
+    assert context.eval("let n = 0; for (let i = 0; i < 1e6; i++) n += i; n") == 499999500000
 
 
 def test_a_runtime_holding_a_python_callable_still_releases_it() -> None:

@@ -7,7 +7,8 @@ no I/O, so the worker process wraps it in a socket loop and tests drive it
 directly.
 
 QuickJS facts this relies on: ``set_time_limit`` counts process CPU time from
-the start of each eval or job call, and several guests may run at once in one
+the start of each eval or job call (this project's build: from the engine's first
+check of the limit in it, see ``native.LAZY_CLOCK``), and several guests may run at once in one
 process, so it is only a backstop armed with the remaining wall budget times
 the cores (it can never fire early); the worker's interrupter stops a guest at
 its wall-clock deadline. Its interrupt is uncatchable by guest code; Python

@@ -269,6 +269,10 @@ DISCARDS_RUNTIMES: Final[bool] = getattr(quickjs, "DISCARDS_RUNTIMES", False)
 # Whether the standard library's accessors are made on first use rather than with every runtime
 # (a build of ``deploy/quickjs/build.py``; ~10 KiB and ~10 us of a worker's CPU per execution).
 LAZY_ACCESSORS: Final[bool] = getattr(quickjs, "LAZY_ACCESSORS", False)
+# Whether the time limit reads the CPU clock at the engine's first check in a call rather than as
+# the call starts (a build of ``deploy/quickjs/build.py``: most calls end before a check and read
+# no clock, a system call; ``poke`` works either way).
+LAZY_CLOCK: Final[bool] = getattr(quickjs, "LAZY_CLOCK", False)
 
 # Once an allocation was refused, QuickJS must still be able to raise its out-of-memory error:
 # the error object, its message and its stack trace may need new arenas. So past a refusal,
