@@ -51,14 +51,19 @@ def with_pythonpath(*first: str | None) -> dict[str, str]:
     return {**os.environ, **({"PYTHONPATH": path} if path else {})}
 
 
-def popen_module(module: str, *args: str, stdin: int | None = None) -> subprocess.Popen[str]:
-    """Run ``python -m benchkit.<module> args`` with a text stdout pipe, importable from any working directory."""
+def popen_module(
+    module: str, *args: str, stdin: int | None = None, checkout: Path | None = None
+) -> subprocess.Popen[str]:
+    """Run ``python -m benchkit.<module> args`` with a text stdout pipe, importable from any working
+    directory; ``checkout``: that checkout's module and package (run from it, as ``start_daemon``)."""
+    first = (str(checkout / "benchmarks"), str(checkout)) if checkout is not None else (_PACKAGE_ROOT,)
     return subprocess.Popen(
         [sys.executable, "-m", f"benchkit.{module}", *args],
         stdin=stdin,
         stdout=subprocess.PIPE,
         text=True,
-        env=with_pythonpath(_PACKAGE_ROOT),
+        env=with_pythonpath(*first),
+        cwd=checkout,
     )
 
 
