@@ -327,13 +327,15 @@ def test_info_names_the_quickjs_build() -> None:
         "arena_bytes": native.ARENA_BYTES,
         "discards_runtimes": native.DISCARDS_RUNTIMES,
         "lazy_accessors": native.LAZY_ACCESSORS,
+        "lazy_clock": native.LAZY_CLOCK,
         "budget_in_c": native.budget_in_c(),
     }
     freeing = "runtimes discarded whole" if native.DISCARDS_RUNTIMES else "runtimes freed object by object"
     budget = "memory budgets checked in C" if native.budget_in_c() else "memory budgets checked in Python hooks"
     text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
     accessors = "accessors made on first use" if native.LAZY_ACCESSORS else "accessors made with each runtime"
-    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}"
+    clock = "time limit's clock read at its first check" if native.LAZY_CLOCK else "time limit's clock read per call"
+    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}, {clock}"
     assert line in text.splitlines()
 
 

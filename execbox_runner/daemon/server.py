@@ -105,6 +105,7 @@ def host_report(settings: Settings) -> dict[str, object]:
             "arena_bytes": native.ARENA_BYTES,
             "discards_runtimes": native.DISCARDS_RUNTIMES,
             "lazy_accessors": native.LAZY_ACCESSORS,
+            "lazy_clock": native.LAZY_CLOCK,
             "budget_in_c": native.budget_in_c(),
         },
         "protections": protections,
