@@ -3,7 +3,7 @@
 Per connection it does what the daemon does for a trivial execution, with the
 daemon's own pieces (``reactor``: one task serving every socket; ``listeners``:
 connections accepted in bursts; ``transport``: reads and writes; ``handshake``:
-the upgrade fast path; websockets' Sans-I/O ``Protocol`` for frames) and
+the upgrade fast path; ``frames``: plain frames, websockets' ``Protocol`` for the rest) and
 nothing else: no session state machine, no worker, no timers, no logs, no
 metrics. It answers the upgrade, then each ``execute`` with ``started`` and a
 ``done`` (result 2) in two writes, as the daemon does, then the closing
@@ -14,6 +14,7 @@ it prints its URL and serves until its stdin closes.
 
 from __future__ import annotations
 
+import logging
 import socket
 import sys
 from typing import Final
@@ -21,14 +22,16 @@ from typing import Final
 import msgspec
 import trio
 from websockets.frames import Frame, Opcode
-from websockets.protocol import Protocol, Side, State
+from websockets.protocol import State
 
 from execbox_runner.daemon import handshake
+from execbox_runner.daemon.frames import PlainFrames
 from execbox_runner.daemon.listeners import Acceptor, listen
 from execbox_runner.daemon.reactor import Reactor
 from execbox_runner.daemon.transport import Transport
 
 LISTENING: Final = "floor listening on"
+LOG: Final = logging.getLogger("websockets.server")
 SEND_TIMEOUT_S: Final = 10.0
 
 
@@ -43,7 +46,7 @@ class Session:
     """One connection: upgrade, answer each ``execute``, close; anything unexpected just ends it."""
 
     def __init__(self, reactor: Reactor, sock: socket.socket) -> None:
-        self.ws: Protocol | None = None
+        self.ws: PlainFrames | None = None
         self.transport = Transport(reactor, sock, self, send_timeout=SEND_TIMEOUT_S)
 
     def received(self, data: bytes) -> None:
@@ -52,7 +55,7 @@ class Session:
             if upgrade is None:
                 self.transport.abort()
                 return
-            self.ws = Protocol(Side.SERVER)
+            self.ws = PlainFrames(max_size=1 << 20, logger=LOG)
             self.ws.receive_data(upgrade.rest)
             self.transport.write(handshake.response(upgrade.accept, "floor"))
         else:

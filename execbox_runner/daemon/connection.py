@@ -1,8 +1,9 @@
-"""One accepted connection: its opening handshake, then websockets' Sans-I/O protocol and the session.
+"""One accepted connection: its opening handshake, then WebSocket frames and the session.
 
 The connection is the thin I/O shell around ``Session``: it completes the
-handshake (a plain one through ``handshake``'s fast path, any other through
-websockets' ``ServerProtocol``), assembles text messages from frames, feeds
+handshake (a plain one through ``handshake``'s fast path, whose frames are then
+``frames.PlainFrames``'; any other through websockets' ``ServerProtocol``, which
+keeps its frames), assembles text messages from frames, feeds
 the session host messages, worker messages and timer expiries, and performs
 the actions the session returns (send to the host, start or message a worker,
 release it, close). It is callbacks, not a task: its transport hands it the
@@ -30,7 +31,7 @@ import msgspec
 from websockets.exceptions import InvalidState
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import Protocol, Side, State
+from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from ..protocol import ipc
@@ -48,6 +49,7 @@ from ..protocol.session import (
 from . import endpoints, handshake, logs
 from .config import Settings
 from .endpoints import DaemonState
+from .frames import PlainFrames
 from .pool import WorkerPool
 from .reactor import Reactor, Timer
 from .records import Recorder
@@ -93,8 +95,8 @@ class Connection:
         self._closed_by_us = False
         self._counted = False  # this connection holds one of the daemon's session places
         self._idle_since: float | None = None  # when the session last had no execution
-        # Once the request is in: a Protocol already open, or websockets' ServerProtocol.
-        self.ws: Protocol | None = None
+        # Once the request is in: the fast path's frames (already open), or websockets' ServerProtocol.
+        self.ws: PlainFrames | ServerProtocol | None = None
         self._parser: ServerProtocol | None = None  # a handshake that did not take the fast path
         self.session = Session(
             cancel_grace=settings.cancel_grace,
@@ -198,7 +200,7 @@ class Connection:
         if self._parser is None:
             upgrade = handshake.parse_upgrade(data)
             if upgrade is not None:
-                self.ws = Protocol(Side.SERVER, max_size=self.settings.max_message_bytes, logger=_WEBSOCKETS_LOG)
+                self.ws = PlainFrames(max_size=self.settings.max_message_bytes, logger=_WEBSOCKETS_LOG)
                 self.ws.receive_data(upgrade.rest)
                 self._accept(upgrade.request, self.ws.events_received(), upgrade.accept)
                 return
