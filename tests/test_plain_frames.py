@@ -113,10 +113,11 @@ def step(protocol: Protocol | PlainFrames, action: tuple[Any, ...]) -> tuple[Any
 
 
 @settings(max_examples=600, deadline=None)
-@given(scripts())
-def test_plain_frames_answer_as_websockets_does(script: list[tuple[Any, ...]]) -> None:
-    plain = PlainFrames(max_size=MAX_SIZE, logger=LOG)
-    full = Protocol(Side.SERVER, max_size=MAX_SIZE, logger=LOG)
+@given(scripts(), st.sampled_from([MAX_SIZE, 100, 2]))
+def test_plain_frames_answer_as_websockets_does(script: list[tuple[Any, ...]], max_size: int) -> None:
+    """With the daemon's kind of limit, and with limits below a control frame's (an operator's)."""
+    plain = PlainFrames(max_size=max_size, logger=LOG)
+    full = Protocol(Side.SERVER, max_size=max_size, logger=LOG)
     for index, action in enumerate(script):
         assert step(plain, action) == step(full, action), (index, action)
 
@@ -133,3 +134,17 @@ def test_a_plain_session_never_makes_a_protocol() -> None:
     plain.receive_eof()
     assert plain.data_to_send() == [b"\x81\x07started", b"\x81\x04done", b"\x88\x02\x03\xe8", b""]
     assert plain._full is None
+
+
+def test_a_frame_too_big_for_the_limit_is_refused_on_its_header_as_websockets_does() -> None:
+    """websockets refuses a frame longer than its limit as soon as the header says so (1009), and
+    a control frame longer than 125 bytes once it is whole: the same steps get the same answers."""
+    for max_size, data in (
+        (2, frame(0x88, b"\x03\xe8bye", b"abcd")),  # a close over a small limit
+        (1000, frame(0x88, b"\x03\xe8" + b"r" * 130, b"abcd")),  # a close over 125 bytes
+        (100, frame(0x81, b"x" * 101, b"abcd")),  # a text frame over the limit
+    ):
+        plain = PlainFrames(max_size=max_size, logger=LOG)
+        full = Protocol(Side.SERVER, max_size=max_size, logger=LOG)
+        for piece in (data[:8], data[8:]):
+            assert step(plain, ("data", piece)) == step(full, ("data", piece)), (max_size, piece)

@@ -139,8 +139,9 @@ class PlainFrames:
             elif length == 127:
                 self._hand_over(data[at:])
                 return
+            # A longer frame than these may be refused on its header alone (too big): websockets does.
             plain_text = head1 == 0x81 and head2 & 0x80 and length <= self._max_size
-            plain_close = head1 == 0x88 and head2 & 0x80
+            plain_close = head1 == 0x88 and head2 & 0x80 and length <= min(125, self._max_size)
             if not (plain_text or plain_close):
                 self._hand_over(data[at:])
                 return
