@@ -2,7 +2,7 @@
 
 The connection is the thin I/O shell around ``Session``: it completes the
 handshake (a plain one through ``handshake``'s fast path, whose frames are then
-``frames.PlainFrames``'; any other through websockets' ``ServerProtocol``, which
+``frames.PlainFrames``; any other through websockets' ``ServerProtocol``, which
 keeps its frames), assembles text messages from frames, feeds
 the session host messages, worker messages and timer expiries, and performs
 the actions the session returns (send to the host, start or message a worker,

@@ -11,9 +11,9 @@ hands the bytes from that frame on to a ``Protocol`` of its own, which from then
 on does everything, so that every unusual frame (ping, binary, fragment, a bad
 mask, reserved bits, an oversized or unfinished frame, a close with anything but
 an empty payload or code 1000 or 1001, an end of stream without a close) and every
-close the daemon starts gets websockets' own answer. Nothing is handed over but
-whole frames: the ``Protocol`` starts at a frame boundary in the state ``OPEN``
-that ``PlainFrames`` was in. ``tests/test_plain_frames.py`` drives both with the
+close the daemon starts gets websockets' own answer. What is handed over starts
+at a frame boundary (the frames before it were taken here, whole), and the
+``Protocol`` starts in the state ``OPEN`` that ``PlainFrames`` was in. ``tests/test_plain_frames.py`` drives both with the
 same bytes and calls and compares everything they answer.
 """
 
