@@ -161,6 +161,8 @@ class Metrics:
             registry=self.registry,
         )
         self.tool_calls = Counter("execbox_tool_calls", "Tool calls sent to hosts.", registry=self.registry)
+        # Each (outcome, code)'s counter, as ``labels`` makes it once (it checks the labels every call).
+        self._by_outcome: dict[tuple[str, str], Counter] = {}
         self.tool_latency = Histogram(
             "execbox_tool_call_duration_seconds",
             "From a tool_call to its tool_result.",
@@ -171,10 +173,15 @@ class Metrics:
         self.registry.register(self.unsafe)
 
     def execution_ended(self, record: ExecutionEnded) -> None:
-        self.executions.labels(record.outcome, record.code or "").inc()
+        key = (record.outcome, record.code or "")
+        counter = self._by_outcome.get(key)
+        if counter is None:
+            counter = self._by_outcome[key] = self.executions.labels(*key)
+        counter.inc()
         if record.outcome != "abandoned":
             self.duration.observe(record.duration_s)
-        self.tool_calls.inc(record.tool_calls)
+        if record.tool_calls:
+            self.tool_calls.inc(record.tool_calls)
         for latency in record.tool_latencies_s:
             self.tool_latency.observe(latency)
 
