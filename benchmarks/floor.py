@@ -29,7 +29,6 @@ It asserts nothing about time; every wait is bounded.
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Any
 
 import quickjs
 from benchkit.floor_server import LISTENING
-from benchkit.pairs import alternated, compared
+from benchkit.pairs import alternated, summary
 from benchkit.processes import popen_module, start_daemon, start_server
 from benchkit.procfs import wait_pool_settled
 from benchkit.throughput import WARM_UP_S, run_throughput
@@ -120,11 +119,7 @@ def against_other(other: Path, concurrency: int, duration: float, rounds: int) -
     finally:
         for server in servers.values():
             server.stop()
-    for side, figures in results.items():
-        print(f"  {side:<6} {min(figures):.1f}-{max(figures):.1f} us, median {statistics.median(figures):.1f}")
-    pairs = compared(results["this"], results["other"])
-    if pairs is not None:
-        print(f"  paired: this lower in {pairs[0]} of {pairs[1]} pairs; this / other at the median {pairs[2]:.3f}")
+    print("\n".join(summary(results, digits=1)))
 
 
 def main() -> None:

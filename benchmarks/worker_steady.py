@@ -23,11 +23,10 @@ It asserts nothing about time; every wait is bounded.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 from benchkit.lone_worker import WAIT_S, Channel, Usage, lone_worker
-from benchkit.pairs import alternated, compared
+from benchkit.pairs import alternated, summary
 
 from execbox_runner.protocol import ipc
 
@@ -71,13 +70,7 @@ def alternate(args: argparse.Namespace) -> None:
         print(f"  {label:<5} {rate:5.0f}/s  {usage}", flush=True)
         return ms
 
-    cpu = alternated(args.pairs, run)
-    for label, runs in cpu.items():
-        print(
-            f"  {label:<5} {min(runs) * 1000:.0f}-{max(runs) * 1000:.0f} us, median {statistics.median(runs) * 1000:.0f}"
-        )
-    lower, pairs, ratio = compared(cpu["this"], cpu["other"]) or (0, 0, float("nan"))
-    print(f"  paired: this lower in {lower} of {pairs} pairs; this / other at the median {ratio:.3f}")
+    print("\n".join(summary(alternated(args.pairs, run), scale=1000)))
 
 
 def main() -> None:

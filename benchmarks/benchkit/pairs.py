@@ -1,5 +1,5 @@
 """Two sides measured in alternated pairs, and the pairs compared one by one (``alternate.py``,
-``worker_steady.py``, ``runtime_cost.py``).
+``worker_steady.py``, ``runtime_cost.py``, ``floor.py --other``).
 
 On this shared machine a figure moves by far more from hour to hour than a change moves it: only
 runs alternated under the same conditions compare, and a change of a few percent shows in how
@@ -33,3 +33,15 @@ def compared(this: Sequence[float | None], other: Sequence[float | None]) -> tup
     if not ratios:
         return None
     return sum(ratio < 1 for ratio in ratios), len(ratios), statistics.median(ratios)
+
+
+def summary(results: dict[str, list[float]], *, scale: float = 1.0, digits: int = 0) -> list[str]:
+    """Each side's range and median in microseconds (its figures times ``scale``), then the pairs
+    compared: the closing lines of a run of one figure per side."""
+    lines = []
+    for side, figures in results.items():
+        low, high, middle = (figure * scale for figure in (min(figures), max(figures), statistics.median(figures)))
+        lines.append(f"  {side:<6} {low:.{digits}f}-{high:.{digits}f} us, median {middle:.{digits}f}")
+    lower, pairs, ratio = compared(results["this"], results["other"]) or (0, 0, float("nan"))
+    lines.append(f"  paired: this lower in {lower} of {pairs} pairs; this / other at the median {ratio:.3f}")
+    return lines
