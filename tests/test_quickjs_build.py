@@ -8,8 +8,10 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import weakref
 from pathlib import Path
@@ -81,7 +83,10 @@ def test_the_build_sets_the_arena_size_adds_the_budget_the_clock_the_discard_and
     assert namespace["DISCARDS_RUNTIMES"] is True
     assert namespace["LAZY_ACCESSORS"] is True
     assert namespace["LAZY_CLOCK"] is True
-    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy.discard"' in (tree / "pyproject.toml").read_text()
+    assert namespace["PROFILE_GUIDED"] is True
+    assert (
+        f'version = "{build.VERSION}+arena2048.budget.clock.lazy.discard.pgo"' in (tree / "pyproject.toml").read_text()
+    )
 
 
 def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> None:
@@ -90,7 +95,7 @@ def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> 
     assert "JS_DiscardRuntime" not in (tree / build.QUICKJS_C).read_text()
     namespace = module_settings(tree)
     assert namespace["DISCARDS_RUNTIMES"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy"\n' in (tree / "pyproject.toml").read_text()
+    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy.pgo"\n' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_build_to_measure_against_makes_accessors_eagerly(tmp_path: Path) -> None:
@@ -98,7 +103,43 @@ def test_the_build_to_measure_against_makes_accessors_eagerly(tmp_path: Path) ->
     build.patch(tree, 2048, lazy_accessors=False)
     assert "js_autoinit_is_getset" not in (tree / build.QUICKJS_C).read_text()
     assert module_settings(tree)["LAZY_ACCESSORS"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget.clock.discard"\n' in (tree / "pyproject.toml").read_text()
+    assert f'version = "{build.VERSION}+arena2048.budget.clock.discard.pgo"\n' in (tree / "pyproject.toml").read_text()
+
+
+def test_the_build_to_measure_against_is_compiled_without_a_profile(tmp_path: Path) -> None:
+    tree = sdist_tree(tmp_path, build.ARENA_LINE)
+    build.patch(tree, 2048, pgo=False)
+    assert module_settings(tree)["PROFILE_GUIDED"] is False
+    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy.discard"\n' in (tree / "pyproject.toml").read_text()
+
+
+def test_the_profile_guided_builds_keep_the_interpreters_compiler_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Setuptools compiles with the environment's ``CFLAGS`` in place of the interpreter's (its
+    ``-O3``): a build that set only its own flags came out unoptimized, 4x slower."""
+    monkeypatch.delenv("CFLAGS", raising=False)
+    monkeypatch.setenv("LDFLAGS", "-Wl,-z,now")
+    env = build.with_flags(("-flto", "-fprofile-use=/p"), Path("/trainee"))
+    assert env["CFLAGS"] == f"{sysconfig.get_config_var('CFLAGS')} -flto -fprofile-use=/p"
+    assert env["LDFLAGS"] == "-Wl,-z,now -flto -fprofile-use=/p"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == "/trainee"
+    monkeypatch.setenv("CFLAGS", "-O2 -march=x86-64-v2")  # an operator's own flags stay, first
+    assert build.with_flags(("-flto",))["CFLAGS"] == "-O2 -march=x86-64-v2 -flto"
+
+
+def test_every_training_program_ends_as_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that stopped doing what it says (a renamed code, a changed bootstrap) would train
+    the build on an error path: the training run fails instead (here on the installed build)."""
+    run = [sys.executable, str(build.TRAINING), "--rounds", "1"]
+    done = subprocess.run(run, capture_output=True, text=True, timeout=300, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    spec = importlib.util.spec_from_file_location("quickjs_training", build.TRAINING)
+    assert spec is not None and spec.loader is not None
+    training = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(training)
+    codes = {expected for _, expected in training.PROGRAMS}
+    assert codes == {None, "runtime_error", "tool_error", "serialization_error", "timeout", "memory_limit"}
+    monkeypatch.setattr(training, "PROGRAMS", [("return 1", "timeout")])
+    assert training.train(1) == ["'return 1': None (), expected timeout"]
 
 
 def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
@@ -328,6 +369,7 @@ def test_info_names_the_quickjs_build() -> None:
         "discards_runtimes": native.DISCARDS_RUNTIMES,
         "lazy_accessors": native.LAZY_ACCESSORS,
         "lazy_clock": native.LAZY_CLOCK,
+        "profile_guided": native.PROFILE_GUIDED,
         "budget_in_c": native.budget_in_c(),
     }
     freeing = "runtimes discarded whole" if native.DISCARDS_RUNTIMES else "runtimes freed object by object"
@@ -335,7 +377,8 @@ def test_info_names_the_quickjs_build() -> None:
     text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
     accessors = "accessors made on first use" if native.LAZY_ACCESSORS else "accessors made with each runtime"
     clock = "time limit's clock read at its first check" if native.LAZY_CLOCK else "time limit's clock read per call"
-    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}, {clock}"
+    compiled = "compiled profile-guided" if native.PROFILE_GUIDED else "compiled without a profile"
+    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}, {clock}, {compiled}"
     assert line in text.splitlines()
 
 

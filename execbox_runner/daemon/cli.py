@@ -96,8 +96,9 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     accessors = "accessors made on first use" if quickjs["lazy_accessors"] else "accessors made with each runtime"  # type: ignore[index]
     lazy_clock = quickjs["lazy_clock"]  # type: ignore[index]
     clock = "time limit's clock read at its first check" if lazy_clock else "time limit's clock read per call"
+    compiled = "compiled profile-guided" if quickjs["profile_guided"] else "compiled without a profile"  # type: ignore[index]
     arenas = f"{quickjs['arena_bytes'] // 1024} KiB arenas"  # type: ignore[index]
-    print(f"quickjs-ng {quickjs['version']}: {arenas}, {freeing}, {budget}, {accessors}, {clock}")  # type: ignore[index]
+    print(f"quickjs-ng {quickjs['version']}: {arenas}, {freeing}, {budget}, {accessors}, {clock}, {compiled}")  # type: ignore[index]
     for warning in report["warnings"]:  # type: ignore[attr-defined]
         print(f"warning: {warning}")
     for name in report["unsafe_settings"]:  # type: ignore[attr-defined]

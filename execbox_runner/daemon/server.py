@@ -106,6 +106,7 @@ def host_report(settings: Settings) -> dict[str, object]:
             "discards_runtimes": native.DISCARDS_RUNTIMES,
             "lazy_accessors": native.LAZY_ACCESSORS,
             "lazy_clock": native.LAZY_CLOCK,
+            "profile_guided": native.PROFILE_GUIDED,
             "budget_in_c": native.budget_in_c(),
         },
         "protections": protections,
