@@ -561,7 +561,7 @@ def with_flags(flags: tuple[str, ...], pythonpath: Path | None = None) -> dict[s
     ``pythonpath`` first on the import path. Setuptools compiles with ``CFLAGS`` from the
     environment instead of the interpreter's own (``-O3``, ...), so those come first."""
     env = dict(os.environ)
-    env.setdefault("CFLAGS", sysconfig.get_config_var("CFLAGS") or "")
+    env["CFLAGS"] = env.get("CFLAGS") or sysconfig.get_config_var("CFLAGS") or ""
     for name in ("CFLAGS", "LDFLAGS"):
         env[name] = " ".join(filter(None, (env.get(name, ""), *flags)))
     if pythonpath is not None:
@@ -636,7 +636,13 @@ def main() -> int:
         patch(tree, args.arena_bytes, args.discard, args.lazy_accessors, args.pgo)
         print(f"building {PACKAGE} {wanted} (about {'two minutes' if args.pgo else 'a minute'})", flush=True)
         if args.pgo:
-            install_trained(tree, args.target, where)
+            try:
+                install_trained(tree, args.target, where)
+            except subprocess.CalledProcessError as exc:
+                raise SystemExit(
+                    f"the profile-guided build failed ({exc}): it needs GCC, and execbox-runner installed in this "
+                    "environment for the training; --no-pgo builds without a profile"
+                ) from exc
         else:
             install(tree, args.target)
     probe = (
