@@ -549,8 +549,10 @@ def pip(*args: str, env: Mapping[str, str] | None = None) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], env=env, check=True)
 
 
-# Both builds of ``--pgo``: link-time optimization across the binding and the engine, and the
-# engine's exported functions called directly inside the library (none is interposed).
+# Both builds of ``--pgo``: link-time optimization across the binding and the engine, in one
+# partition (split into several, the instrumented library referred to a local label of another
+# and would not load: "undefined symbol: .L1"), and the engine's exported functions called
+# directly inside the library (none is interposed).
 OPTIMIZED = ("-fno-semantic-interposition", "-flto", "-flto-partition=one")
 TRAINING = Path(__file__).with_name("training.py")
 TRAINING_ROUNDS = 20
