@@ -41,7 +41,9 @@ and their tool calls, through execbox-runner's own ``GuestRun``), and the second
 and inlined by those counts, optimized at link time across the binding and the engine, with calls
 to the engine's exported functions bound inside the library (``-fno-semantic-interposition``;
 QuickJS is a shared object no one interposes). A trivial execution's whole runtime costs ~20% less
-(README, "Performance").
+(README, "Performance"). Two such builds are not identical byte for byte: the counts of the
+training's spinning and memory-bound guests follow the machine's speed (``--no-pgo`` builds are
+as reproducible as before).
 
 So this downloads the pinned quickjs-ng sdist from PyPI, makes those edits, labels the version
 (``0.17.0.2+arena2048.budget.clock.lazy.discard.pgo``) and installs it with pip. It needs GCC and the
