@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import deque
 from typing import Final
 
 from execbox_runner.protocol import ipc
@@ -205,14 +206,15 @@ def tool_answer(call: tuple[int, str, str, bytes | None]) -> ipc.Settle:
 
 
 def run(code: str) -> ipc.Finished:
-    """``code`` from start to end as a worker runs it, every tool call answered at once."""
+    """``code`` from start to end as a worker runs it, its tool calls answered in the order made
+    (a guest awaiting none steps on until its budget ends it)."""
     budget = SPIN_BUDGET_S if "while (true)" in code else BUDGET_S
     guest = GuestRun(ipc.Run(code, budget, MEMORY_LIMIT, 100, 64000, PROVIDERS, 1 << 24))
     out = guest.start()
+    asked: deque[tuple[int, str, str, bytes | None]] = deque()
     while not isinstance(out, ipc.Finished):
-        for call in out.calls[:-1]:
-            guest.settle(tool_answer(call))
-        out = guest.settle(tool_answer(out.calls[-1])) if out.calls else guest.step()
+        asked.extend(out.calls)
+        out = guest.settle(tool_answer(asked.popleft())) if asked else guest.step()
     return out
 
 
