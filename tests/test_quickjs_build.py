@@ -25,15 +25,16 @@ from execbox_runner.worker import native
 BUILD_SCRIPT = Path(__file__).parent.parent / "deploy" / "quickjs" / "build.py"
 
 
-def build_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("quickjs_build", BUILD_SCRIPT)
+def script(path: Path, name: str) -> ModuleType:
+    """A script of ``deploy/`` loaded as a module (it is no package's)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-build = build_script()
+build = script(BUILD_SCRIPT, "quickjs_build")
 
 
 def sdist_tree(root: Path, arena_line: str) -> Path:
@@ -132,10 +133,7 @@ def test_every_training_program_ends_as_it_says(monkeypatch: pytest.MonkeyPatch)
     run = [sys.executable, str(build.TRAINING), "--rounds", "1"]
     done = subprocess.run(run, capture_output=True, text=True, timeout=300, check=False)
     assert (done.returncode, done.stderr) == (0, "")
-    spec = importlib.util.spec_from_file_location("quickjs_training", build.TRAINING)
-    assert spec is not None and spec.loader is not None
-    training = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(training)
+    training = script(build.TRAINING, "quickjs_training")
     codes = {expected for _, expected in training.PROGRAMS}
     assert codes == {None, "runtime_error", "tool_error", "serialization_error", "timeout", "memory_limit"}
     monkeypatch.setattr(training, "PROGRAMS", [("return 1", "timeout")])
