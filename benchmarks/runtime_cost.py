@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from importlib.metadata import version
 
 import quickjs
-from benchkit.pairs import alternated
-from benchkit.processes import with_pythonpath
+from benchkit.pairs import alternated_builds
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
@@ -82,25 +79,6 @@ def measure(chunks: int, size: int) -> dict[str, float]:
     }
 
 
-def alternate(args: argparse.Namespace) -> None:
-    """``--rounds`` runs of this script per side, alternated; each side's range per figure."""
-    command = [sys.executable, __file__, "--chunks", str(args.chunks), "--size", str(args.size), "--json"]
-
-    def run(label: str, round_: int) -> dict[str, float]:
-        env = with_pythonpath(args.other_pythonpath if label == "other" else None)
-        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
-        figures: dict[str, float] = json.loads(out)
-        print(f"  round {round_ + 1} {label:<5} {' / '.join(f'{value:.1f}' for value in figures.values())}", flush=True)
-        return figures
-
-    results = alternated(args.rounds, run)
-    print(f"us, the least of {args.chunks} chunks of {args.size}; this / other = PYTHONPATH {args.other_pythonpath}:")
-    for name in results["this"][0]:
-        this = [run[name] for run in results["this"]]
-        other = [run[name] for run in results["other"]]
-        print(f"  {name:<48} {min(this):6.1f}-{max(this):6.1f} against {min(other):6.1f}-{max(other):6.1f}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunks", type=int, default=25)
@@ -112,7 +90,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.other_pythonpath:
-        alternate(args)
+        arguments = ["--chunks", str(args.chunks), "--size", str(args.size)]
+        unit = f"us, the least of {args.chunks} chunks of {args.size}"
+        alternated_builds(__file__, arguments, args.other_pythonpath, args.rounds, unit)
         return
     figures = measure(args.chunks, args.size)
     if args.json:

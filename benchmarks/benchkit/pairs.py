@@ -1,5 +1,5 @@
 """Two sides measured in alternated pairs, and the pairs compared one by one (``alternate.py``,
-``worker_steady.py``, ``runtime_cost.py``, ``floor.py --other``).
+``worker_steady.py``, ``runtime_cost.py``, ``guest_cost.py``, ``floor.py --other``).
 
 On this shared machine a figure moves by far more from hour to hour than a change moves it: only
 runs alternated under the same conditions compare, and a change of a few percent shows in how
@@ -8,9 +8,14 @@ many pairs one side was lower (and by how much at the median) sooner than in the
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+from .processes import with_pythonpath
 
 T = TypeVar("T")
 SIDES = ("this", "other")
@@ -45,3 +50,24 @@ def summary(results: dict[str, list[float]], *, scale: float = 1.0, digits: int 
     lower, pairs, ratio = compared(results["this"], results["other"]) or (0, 0, float("nan"))
     lines.append(f"  paired: this lower in {lower} of {pairs} pairs; this / other at the median {ratio:.3f}")
     return lines
+
+
+def alternated_builds(script: str, arguments: list[str], other_pythonpath: str, rounds: int, unit: str) -> None:
+    """``rounds`` runs per side of ``script --json arguments`` (which prints its figures as one JSON
+    object), alternated, "other" with ``other_pythonpath`` first on its path (a QuickJS build made
+    with ``deploy/quickjs/build.py --target``); prints every run, then each side's range per figure."""
+    command = [sys.executable, script, *arguments, "--json"]
+
+    def run(side: str, pair: int) -> dict[str, float]:
+        env = with_pythonpath(other_pythonpath if side == "other" else None)
+        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+        figures: dict[str, float] = json.loads(out)
+        print(f"  round {pair + 1} {side:<5} {' / '.join(f'{value:.1f}' for value in figures.values())}", flush=True)
+        return figures
+
+    results = alternated(rounds, run)
+    print(f"{unit}; this / other = PYTHONPATH {other_pythonpath}:")
+    for name in results["this"][0]:
+        this = [figures[name] for figures in results["this"]]
+        other = [figures[name] for figures in results["other"]]
+        print(f"  {name:<48} {min(this):6.1f}-{max(this):6.1f} against {min(other):6.1f}-{max(other):6.1f}")
