@@ -12,7 +12,7 @@ Every program's outcome is checked: a program that no longer does what it says w
 the build on an error path instead, so the run fails (and ``tests/test_quickjs_build.py`` runs
 it against the installed build).
 
-    python deploy/quickjs/training.py [--rounds 40]
+    python deploy/quickjs/training.py [--rounds 20]
 """
 
 from __future__ import annotations
@@ -219,22 +219,23 @@ def run(code: str) -> ipc.Finished:
 
 
 def train(rounds: int) -> list[str]:
-    """Run the programs ``rounds`` times; what went otherwise than each program says."""
-    wrong: list[str] = []
-    for round_ in range(rounds):
+    """Run the programs ``rounds`` times; what went otherwise than each program says (in any
+    round, once per program)."""
+    wrong: dict[str, str] = {}
+    for _ in range(rounds):
         for code, expected in PROGRAMS:
             finished = run(code)
             got = None if finished.ok else finished.code
-            if got != expected and round_ == 0:
-                wrong.append(f"{code[:60]!r}: {got} ({finished.message[:80]}), expected {expected}")
+            if got != expected:
+                wrong.setdefault(code, f"{code[:60]!r}: {got} ({finished.message[:80]}), expected {expected}")
         for _ in range(TRIVIAL_PER_ROUND):
             run("1 + 1")
-    return wrong
+    return list(wrong.values())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     wrong = train(args.rounds)
     for line in wrong:
