@@ -16,13 +16,11 @@ It asserts nothing about time.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from importlib.metadata import version
 from typing import Final
 
 import quickjs
-from benchkit.pairs import alternated_builds
+from benchkit.pairs import build_options, measured_builds
 
 MEMORY_LIMIT: Final = 1 << 30
 # Language work a model's code does, each a few tens of milliseconds; some of it the build's
@@ -57,23 +55,16 @@ def least_ms(code: str, runs: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument(
-        "--other-pythonpath", help="a QuickJS build to alternate with (deploy/quickjs/build.py --target)"
-    )
-    parser.add_argument("--rounds", type=int, default=3, help="runs per side with --other-pythonpath")
-    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    build_options(parser, rounds=3)
     args = parser.parse_args()
-    if args.other_pythonpath:
-        unit = f"ms, the least of {args.runs} runs"
-        alternated_builds(__file__, ["--runs", str(args.runs)], args.other_pythonpath, args.rounds, unit)
-        return
-    figures = {name: least_ms(code, args.runs) for name, code in PROGRAMS.items()}
-    if args.json:
-        print(json.dumps(figures))
-        return
-    print(f"ms, the least of {args.runs} runs (quickjs-ng {version('quickjs-ng')}):")
-    for name, value in figures.items():
-        print(f"  {name:<48} {value:7.1f}")
+    unit = f"ms, the least of {args.runs} runs"
+    measured_builds(
+        args,
+        __file__,
+        ["--runs", str(args.runs)],
+        unit,
+        lambda: {name: least_ms(code, args.runs) for name, code in PROGRAMS.items()},
+    )
 
 
 if __name__ == "__main__":

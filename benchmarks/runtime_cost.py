@@ -26,13 +26,11 @@ It asserts nothing about time.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
-from importlib.metadata import version
 
 import quickjs
-from benchkit.pairs import alternated_builds
+from benchkit.pairs import build_options, measured_builds
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
@@ -83,24 +81,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunks", type=int, default=25)
     parser.add_argument("--size", type=int, default=200)
-    parser.add_argument(
-        "--other-pythonpath", help="a QuickJS build to alternate with (deploy/quickjs/build.py --target)"
-    )
-    parser.add_argument("--rounds", type=int, default=5, help="runs per side with --other-pythonpath")
-    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    build_options(parser, rounds=5)
     args = parser.parse_args()
-    if args.other_pythonpath:
-        arguments = ["--chunks", str(args.chunks), "--size", str(args.size)]
-        unit = f"us, the least of {args.chunks} chunks of {args.size}"
-        alternated_builds(__file__, arguments, args.other_pythonpath, args.rounds, unit)
-        return
-    figures = measure(args.chunks, args.size)
-    if args.json:
-        print(json.dumps(figures))
-        return
-    print(f"us, the least of {args.chunks} chunks of {args.size} (quickjs-ng {version('quickjs-ng')}):")
-    for name, value in figures.items():
-        print(f"  {name:<48} {value:6.1f}")
+    arguments = ["--chunks", str(args.chunks), "--size", str(args.size)]
+    unit = f"us, the least of {args.chunks} chunks of {args.size}"
+    measured_builds(args, __file__, arguments, unit, lambda: measure(args.chunks, args.size))
 
 
 if __name__ == "__main__":

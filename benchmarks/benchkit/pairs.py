@@ -8,11 +8,13 @@ many pairs one side was lower (and by how much at the median) sooner than in the
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from typing import TypeVar
 
 from .processes import with_pythonpath
@@ -52,7 +54,35 @@ def summary(results: dict[str, list[float]], *, scale: float = 1.0, digits: int 
     return lines
 
 
-def alternated_builds(script: str, arguments: list[str], other_pythonpath: str, rounds: int, unit: str) -> None:
+def build_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of a script that measures QuickJS builds: ``--other-pythonpath DIR``, ``--rounds``
+    (default ``rounds``) and the hidden ``--json`` its alternated runs answer with."""
+    parser.add_argument(
+        "--other-pythonpath", help="a QuickJS build to alternate with (deploy/quickjs/build.py --target)"
+    )
+    parser.add_argument("--rounds", type=int, default=rounds, help="runs per side with --other-pythonpath")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+
+
+def measured_builds(
+    args: argparse.Namespace, script: str, arguments: list[str], unit: str, measure: Callable[[], dict[str, float]]
+) -> None:
+    """What a script of ``build_options`` prints: with ``--other-pythonpath``, ``script arguments``
+    run ``--rounds`` times per build, alternated, and each side's range per figure; else this
+    build's ``measure()``, as one JSON object with ``--json``, or a line per figure in ``unit``."""
+    if args.other_pythonpath:
+        _alternated_builds(script, arguments, args.other_pythonpath, args.rounds, unit)
+        return
+    figures = measure()
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"{unit} (quickjs-ng {version('quickjs-ng')}):")
+    for name, value in figures.items():
+        print(f"  {name:<48} {value:7.1f}")
+
+
+def _alternated_builds(script: str, arguments: list[str], other_pythonpath: str, rounds: int, unit: str) -> None:
     """``rounds`` runs per side of ``script --json arguments`` (which prints its figures as one JSON
     object), alternated, "other" with ``other_pythonpath`` first on its path (a QuickJS build made
     with ``deploy/quickjs/build.py --target``); prints every run, then each side's range per figure."""
