@@ -88,12 +88,13 @@ def cpu_ticks(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def running_daemon_with_site(directory: Path, sitecustomize: str, flag: str) -> Iterator[Daemon]:
-    """A daemon whose Python processes run ``sitecustomize`` first (placed in ``directory``), with
-    the environment variable ``flag`` set: how tests turn a worker into a misbehaving one."""
+def running_daemon_with_site(directory: Path, sitecustomize: str, flag: str, *args: str) -> Iterator[Daemon]:
+    """A daemon (started with ``args``) whose Python processes run ``sitecustomize`` first (placed
+    in ``directory``), with the environment variable ``flag`` set: how tests turn a worker into a
+    misbehaving one, or the daemon's disk into a slow one."""
     (directory / "sitecustomize.py").write_text(sitecustomize)
     path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
-    with running_daemon(env={"PYTHONPATH": path, flag: "1"}) as daemon:
+    with running_daemon(*args, env={"PYTHONPATH": path, flag: "1"}) as daemon:
         yield daemon
 
 

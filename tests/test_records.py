@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import trio
 
 from execbox_runner.daemon.records import Recorder
 
-from .daemonkit import client, execute, run_to_done, running_daemon
+from .daemonkit import client, execute, run_to_done, running_daemon, running_daemon_with_site, stop
 
 RESULT_BYTES = 10 << 20
 EXECUTIONS = 30
@@ -56,6 +57,40 @@ def test_a_long_recorded_session_streams_to_disk_in_bounded_memory(tmp_path: Pat
     lines = transcripts[0].read_text().splitlines()
     assert json.loads(lines[0])["transcript"] == transcripts[0].stem
     assert sum('"type": "tool_result"' in line for line in lines) == EXECUTIONS
+
+
+# The daemon's disk made slow: every append to a transcript takes a second.
+SLOW_DISK = textwrap.dedent(
+    """
+    import os
+    import time
+
+    if os.environ.get("EXECBOX_TEST_SLOW_RECORDS"):
+        from execbox_runner.daemon.records import Recorder
+
+        _append = Recorder._append
+
+        def append(self, lines):
+            time.sleep(1)
+            _append(self, lines)
+
+        Recorder._append = append
+    """
+)
+
+
+def test_a_drain_waits_for_the_records_to_be_written(tmp_path: Path) -> None:
+    """A session that ended just before SIGTERM, its transcript still being appended: the daemon
+    stops only once the transcript's last lines and its summary are on disk."""
+    records = tmp_path / "records"
+    with running_daemon_with_site(tmp_path, SLOW_DISK, "EXECBOX_TEST_SLOW_RECORDS", "--record-dir", str(records)) as d:
+        with client(d.url) as ws:
+            assert run_to_done(ws, "last", "await tools.echo(2)")["result"] == 2
+        assert stop(d.process) == 0
+    (transcript,) = records.glob("*-last.jsonl")
+    summary = json.loads(transcript.with_suffix(".summary.json").read_text())
+    assert [execution["id"] for execution in summary["executions"]] == ["last"]
+    assert json.loads(transcript.read_text().splitlines()[-1]) == {"host_close": True}
 
 
 async def test_a_record_that_cannot_be_written_is_logged_once_and_the_session_goes_on(

@@ -22,6 +22,7 @@ sampler and the drain are tasks of the daemon's nursery beside it.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import ipaddress
 import logging
@@ -30,7 +31,7 @@ import os
 import platform
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Final, Protocol
@@ -306,6 +307,7 @@ class Daemon:
         self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
         self.connections: set[Connection] = set()
         self.acceptors: list[Acceptor] = []
+        self.records_writing = 0  # session records' writer tasks under way: a drain waits for them
         # Every daemon process raises its own descriptor limit (a supervisor's shards too).
         self.handshakes = Handshakes(handshake_limit(raise_open_files()), self.state.refusals)
 
@@ -451,7 +453,7 @@ class Daemon:
                 state=self.state,
                 requested=self.handshakes.finished,
                 closed=self._closed,
-                spawn=nursery.start_soon,
+                spawn=functools.partial(self._spawn_record_writer, nursery),
                 tls=self.tls,
                 record_dir=None if scrape else self.record_dir,
                 scrape=scrape,
@@ -461,6 +463,18 @@ class Daemon:
             connection.start()
 
         return connect
+
+    def _spawn_record_writer(self, nursery: trio.Nursery, write: Callable[[], Awaitable[None]]) -> None:
+        """Start a session record's writer, counted from now (a drain that comes before it runs
+        still waits for it) to its end."""
+        self.records_writing += 1
+        nursery.start_soon(self._write_record, write)
+
+    async def _write_record(self, write: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await write()
+        finally:
+            self.records_writing -= 1
 
     def _closed(self, connection: Connection) -> None:
         self.handshakes.finished(connection)
@@ -515,7 +529,8 @@ class Daemon:
     async def drain(self) -> None:
         """Stop gracefully: new sessions get 503 (and /readyz fails) at once; running
         executions have ``drain_grace`` seconds to finish; then the rest are cancelled
-        (each still gets its ``done``) and every session is closed with 1001."""
+        (each still gets its ``done``) and every session is closed with 1001; the sessions' records
+        are written out (their last lines and summaries) before the daemon stops."""
         self.state.draining = True
         with trio.move_on_after(self.settings.drain_grace):
             while any(c.session.execution_id is not None for c in self.connections):
@@ -523,5 +538,5 @@ class Daemon:
         for connection in list(self.connections):
             connection.shutdown()
         with trio.move_on_after(self.settings.cancel_grace + self.settings.close_timeout + 1):
-            while self.connections:
+            while self.connections or self.records_writing:
                 await trio.sleep(DRAIN_POLL_S)
