@@ -612,3 +612,5 @@ def test_the_shipped_pod_runs_non_root_read_only_as_pid_1(tmp_path: Path) -> Non
         assert process.wait(timeout=30) == 0
     finally:
         stop(process)
+        assert process.stderr is not None
+        print(process.stderr.read()[-20_000:])  # the daemon's log, shown if the test failed
