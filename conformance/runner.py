@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Final
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.sync.client import ClientConnection, connect
 
+from .connection import Connection, connect
 from .matcher import Bindings, Mismatch, match, show, substitute, substitute_raw
 from .transcript import JSON, Step, Transcript, load_transcript, loads_strict
 
@@ -141,20 +141,18 @@ def run_all(
 # ---------------------------------------------------------------------- the connection
 
 
-def _connect(target: Target) -> ClientConnection:
-    """Open the WebSocket, turning each way this can fail into one clear ``TargetError`` sentence."""
+def _connect(target: Target) -> Connection:
+    """Open the WebSocket, turning each way this can fail into one clear ``TargetError`` sentence.
+    No extension is offered (plain frames: nothing a minimal runner must negotiate), no ping sent
+    (noise in a scripted session), no proxy used."""
     url = target.url
     try:
         return connect(
             url,
-            additional_headers=list(target.headers),
+            additional_headers=target.headers,
+            ssl_context=target.ssl_context,
             open_timeout=target.connect_timeout,
             close_timeout=_CLOSE_TIMEOUT,
-            compression=None,  # plain frames: nothing a minimal runner must negotiate
-            max_size=None,
-            ping_interval=None,  # pings would be noise in a scripted session
-            proxy=None,
-            ssl=target.ssl_context,
         )
     except InvalidStatus as exc:
         status = exc.response.status_code
@@ -198,7 +196,7 @@ def _play(target: Target, transcript: Transcript, timeout: float) -> None:
                 raise Mismatch(f"{where}: transport error: {exc!r}") from None
 
 
-def _perform(ws: ClientConnection, step: Step, bindings: Bindings, timeout: float) -> None:
+def _perform(ws: Connection, step: Step, bindings: Bindings, timeout: float) -> None:
     """Perform one step, raising ``Mismatch`` if the runner does not do what it expects."""
     kind, value = step.kind, step.value
     wait = step.timeout if step.timeout is not None else timeout
@@ -232,7 +230,7 @@ def _perform(ws: ClientConnection, step: Step, bindings: Bindings, timeout: floa
             raise Mismatch(f"the runner did not answer the host's close frame within {_CLOSE_TIMEOUT:g} s")
 
 
-def _send(ws: ClientConnection, data: str | bytes) -> None:
+def _send(ws: Connection, data: str | bytes) -> None:
     try:
         ws.send(data)
     except ConnectionClosed as exc:
@@ -241,7 +239,7 @@ def _send(ws: ClientConnection, data: str | bytes) -> None:
         ) from None
 
 
-def _receive(ws: ClientConnection, wait: float, doing: str) -> JSON | None:
+def _receive(ws: Connection, wait: float, doing: str) -> JSON | None:
     """The next runner message as JSON, or ``None`` if none came within ``wait`` seconds."""
     try:
         frame = ws.recv(timeout=wait)
@@ -249,6 +247,8 @@ def _receive(ws: ClientConnection, wait: float, doing: str) -> JSON | None:
         return None
     except ConnectionClosed as exc:
         raise Mismatch(f"the runner closed the connection ({_describe_close(exc)}) {doing}") from None
+    except UnicodeDecodeError as exc:
+        raise Mismatch(f"the runner sent a text frame that is not UTF-8 ({exc.reason}) {doing}") from None
     if isinstance(frame, bytes):
         raise Mismatch(f"the runner sent a binary frame {frame[:60]!r}; runner messages are JSON text frames")
     try:
@@ -257,7 +257,7 @@ def _receive(ws: ClientConnection, wait: float, doing: str) -> JSON | None:
         raise Mismatch(f"the runner sent a frame that is not JSON ({exc}): {frame[:200]!r}") from None
 
 
-def _expect_close(ws: ClientConnection, expected: dict[str, JSON], wait: float) -> None:
+def _expect_close(ws: Connection, expected: dict[str, JSON], wait: float) -> None:
     deadline = time.monotonic() + wait
     while True:
         left = deadline - time.monotonic()
@@ -267,6 +267,10 @@ def _expect_close(ws: ClientConnection, expected: dict[str, JSON], wait: float) 
             frame = ws.recv(timeout=left)
         except TimeoutError:
             continue
+        except UnicodeDecodeError:
+            raise Mismatch(
+                f"expected the runner to close with {expected['code']}, got a text frame that is not UTF-8"
+            ) from None
         except ConnectionClosed as exc:
             received = exc.rcvd
             if received is None:

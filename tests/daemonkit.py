@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import trustme
+from execbox_runner_conformance.connection import Connection
+from execbox_runner_conformance.connection import connect as connect_one_thread
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
+from websockets.sync.server import ServerConnection, serve
 
 STARTUP_TIMEOUT_S = 60.0
 LOG_WAIT_S = 10.0
@@ -191,11 +195,15 @@ def execute(exec_id: str, code: str, **options: Any) -> str:
     )
 
 
-def receive(ws: ClientConnection, timeout: float = 10.0) -> dict[str, Any]:
+# A host's WebSocket: websockets' threaded client, or over TLS the harness's own (see ``client``).
+HostConnection = ClientConnection | Connection
+
+
+def receive(ws: HostConnection, timeout: float = 10.0) -> dict[str, Any]:
     return json.loads(ws.recv(timeout=timeout))
 
 
-def run_to_done(ws: ClientConnection, exec_id: str, code: str, answer: Any = None, **options: Any) -> dict[str, Any]:
+def run_to_done(ws: HostConnection, exec_id: str, code: str, answer: Any = None, **options: Any) -> dict[str, Any]:
     """Send an execute, answer every tool_call with ``answer`` (default: echo), return the done."""
     ws.send(execute(exec_id, code, **options))
     for _ in range(10_000):
@@ -208,6 +216,38 @@ def run_to_done(ws: ClientConnection, exec_id: str, code: str, answer: Any = Non
     raise AssertionError("no done")
 
 
-def client(url: str, **options: Any) -> ClientConnection:
-    """A host connection; ``options`` go to websockets (e.g. additional_headers, ssl, origin)."""
+def client(url: str, **options: Any) -> HostConnection:
+    """A host connection; ``options`` go to websockets (e.g. additional_headers, ssl, origin).
+
+    Over TLS (``ssl``), the conformance harness's connection, which reads and writes on one thread:
+    websockets' threaded client stalls about one TLS session in 200 (conformance/connection.py)."""
+    if "ssl" in options:
+        context = options.pop("ssl")
+        headers = list(dict(options.pop("additional_headers", {})).items())
+        assert not options, f"not supported over TLS here: {sorted(options)}"
+        return connect_one_thread(
+            url, additional_headers=headers, ssl_context=context, open_timeout=10, close_timeout=5
+        )
     return connect(url, open_timeout=10, close_timeout=5, max_size=None, **options)
+
+
+@contextlib.contextmanager
+def scripted_runner(
+    script: Callable[[ServerConnection, list[Any]], None], **options: Any
+) -> Iterator[tuple[str, list[Any]]]:
+    """A WebSocket server on loopback that plays ``script`` for each connection and records what it was sent;
+    ``options`` go to websockets' ``serve``."""
+    received: list[Any] = []
+
+    def handler(connection: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            script(connection, received)
+
+    with serve(handler, "127.0.0.1", 0, **options) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}/", received
+        finally:
+            server.shutdown()
+            thread.join(10)

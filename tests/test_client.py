@@ -16,15 +16,14 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.server import ServerConnection, serve
+from websockets.sync.server import ServerConnection
 
 from execbox_runner.client import (
     ErrorInfo,
@@ -41,7 +40,7 @@ from execbox_runner.client import (
     safe_name,
 )
 
-from .daemonkit import Daemon, children_of, client, running_daemon
+from .daemonkit import Daemon, children_of, client, running_daemon, scripted_runner
 
 BACKENDS = ["asyncio", "trio"]
 backends = pytest.mark.parametrize("backend", BACKENDS)
@@ -323,25 +322,6 @@ def test_a_runner_that_dies_mid_execution() -> None:
 
 
 # ---------------------------------------------------------------- a scripted runner
-
-
-@contextlib.contextmanager
-def scripted_runner(script: Callable[[ServerConnection, list[Any]], None]) -> Iterator[tuple[str, list[Any]]]:
-    """A WebSocket server on loopback that plays ``script`` for each connection and records what it was sent."""
-    received: list[Any] = []
-
-    def handler(connection: ServerConnection) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            script(connection, received)
-
-    with serve(handler, "127.0.0.1", 0) as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}/", received
-        finally:
-            server.shutdown()
-            thread.join(10)
 
 
 def record_until_closed(connection: ServerConnection, received: list[Any]) -> None:
