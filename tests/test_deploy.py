@@ -4,6 +4,7 @@ systemd unit and the shipped pod's confinement are checked for real where the ho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from kubernetes_validate import utils as kubernetes
 from execbox_runner.daemon import machine
 from execbox_runner.daemon.config import Settings
 
-from .daemonkit import certificate, client, run_to_done, running_daemon, stop
+from .daemonkit import certificate, children_of, client, run_to_done, running_daemon, stop
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 # The oldest Kubernetes release still supported upstream when this was written, and the newest
@@ -611,6 +612,12 @@ def test_the_shipped_pod_runs_non_root_read_only_as_pid_1(tmp_path: Path) -> Non
         os.kill(daemon, signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:
+        # The pod's PID 1 first (its end ends the namespace): setpriv's change of user cleared the
+        # parent-death signal of unshare's --kill-child, so stopping unshare alone may leave it
+        # running (a failed run here once left the pod's daemon serving for hours).
+        for pod in children_of(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pod, signal.SIGKILL)
         stop(process)
         assert process.stderr is not None
         print(process.stderr.read()[-20_000:])  # the daemon's log, shown if the test failed
