@@ -37,10 +37,10 @@ class Connection:
     frame came). Raises websockets' ``ConnectionClosed`` once the connection is closed, as
     websockets' own connections do."""
 
-    def __init__(self, sock: socket.socket, protocol: ClientProtocol, events: list[object], close_timeout: float):
+    def __init__(self, sock: socket.socket, protocol: ClientProtocol, close_timeout: float):
         self.socket = sock
         self.protocol = protocol
-        self._events = events  # received, not yet returned
+        self._events: list[object] = []  # received, not yet returned
         self._fragments: list[bytes] = []  # the message being received, in pieces
         self._text = True  # and whether it is text
         self._close_timeout = close_timeout
@@ -80,9 +80,7 @@ class Connection:
             if self.protocol.state is State.OPEN:
                 self.protocol.send_close(code, reason)
                 self._flush()
-            deadline = time.monotonic() + self._close_timeout
-            while self.protocol.state is not State.CLOSED and self._read(deadline):
-                self._events.clear()  # what came after our close frame is of no use
+            self._until_closed()
         except OSError:
             pass
         finally:
@@ -136,12 +134,17 @@ class Connection:
                 except OSError:
                     pass
 
-    def _closed(self) -> ConnectionClosed:
-        """What the connection's end raises: once the peer has closed the TCP connection too (it
-        gets the close timeout for that), or at once when it is already gone."""
+    def _until_closed(self) -> None:
+        """Read until the peer has closed the TCP connection too, for the close timeout at most
+        (what arrives meanwhile is of no use: the closing handshake has begun)."""
         deadline = time.monotonic() + self._close_timeout
         while self.protocol.state is not State.CLOSED and self._read(deadline):
-            pass
+            self._events.clear()
+
+    def _closed(self) -> ConnectionClosed:
+        """What the connection's end raises: once the peer has closed the TCP connection too, or
+        its close timeout has passed."""
+        self._until_closed()
         if self.protocol.state is not State.CLOSED:
             self.protocol.receive_eof()
         return self.protocol.close_exc
@@ -174,7 +177,7 @@ def connect(
         request.headers.update(additional_headers)
         request.headers.setdefault("User-Agent", USER_AGENT)
         protocol.send_request(request)
-        connection = Connection(sock, protocol, [], close_timeout)
+        connection = Connection(sock, protocol, close_timeout)
         connection._flush()
         while not any(isinstance(event, Response) for event in connection._events):
             if not connection._read(deadline):
@@ -183,8 +186,6 @@ def connect(
                 raise protocol.handshake_exc
             if protocol.state is State.CLOSED:
                 raise InvalidMessage("did not receive a valid HTTP response")
-        if protocol.handshake_exc is not None:
-            raise protocol.handshake_exc
         connection._events = [event for event in connection._events if not isinstance(event, Response)]
         return connection
     except BaseException:
