@@ -15,7 +15,7 @@ stuck in an aborted execution 32.5 s after the abort), and must end ``ok``.
 
 Checked per session: exactly one ``done`` per accepted execution, with the
 expected ``ok`` / error code; each hostile frame gets its documented answer
-(README "Bad input": a ``done`` with a stable code, or a close frame with its
+(docs/reference/protocol.md, "Bad input": a ``done`` with a stable code, or a close frame with its
 code, never a bare TCP close); every closing handshake is answered. Checked
 every second: the daemon is alive and ``/healthz`` answers; after the load, no
 session is left open. Printed: counts per kind, cancel and timeout latencies,

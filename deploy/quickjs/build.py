@@ -3,7 +3,7 @@ discard, and install it into this interpreter's environment.
 
 QuickJS-ng serves small allocations from 4 KiB arenas, one or more per size class (31 of
 them), so a fresh runtime holds ~69 KiB of arena space it has not used yet. Every parked
-execution is a runtime: with 2 KiB arenas each costs ~44 KiB less (README, "Memory"). The
+execution is a runtime: with 2 KiB arenas each costs ~44 KiB less. The
 arena size is a compile-time constant.
 
 Every execution also ends by freeing its runtime, and ``JS_FreeRuntime`` runs the cycle
@@ -41,7 +41,7 @@ and their tool calls, through execbox-runner's own ``GuestRun``), and the second
 and inlined by those counts, optimized at link time across the binding and the engine, with calls
 to the engine's exported functions bound inside the library (``-fno-semantic-interposition``;
 QuickJS is a shared object no one interposes). A trivial execution's whole runtime costs ~20% less
-(README, "Performance"). Two such builds are not identical byte for byte: the counts of the
+(docs/explanation/performance.md). Two such builds are not identical byte for byte: the counts of the
 training's spinning and memory-bound guests follow the machine's speed (``--no-pgo`` builds are
 as reproducible as before).
 

@@ -61,9 +61,9 @@ def usable_cores() -> int:
 
 def default_processes(cores: int) -> int:
     """Daemon processes for ``cores`` usable cores: one per two. A daemon process spends about as
-    much CPU per execution as the workers it feeds (0.9 and 0.75 ms for a trivial one), so each
-    needs a core for itself and one for its workers; on two cores, two daemon processes served
-    ~700 executions/s where one served ~1,000 (benchmarks/cores.py, README)."""
+    much CPU per execution as the workers it feeds, so each needs a core for itself and one for
+    its workers; on two cores, two daemon processes serve fewer executions a second than one
+    (``benchmarks/cores.py`` measures it)."""
     return max(1, cores // 2)
 
 

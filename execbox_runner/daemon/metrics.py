@@ -90,11 +90,11 @@ class _Live(Collector):
         yield workers
         yield CounterMetricFamily(
             "execbox_worker_restarts",
-            "Worker processes that exited and were replaced.",
+            "Worker processes that exited, for any reason (each is replaced when needed).",
             value=sum(state.worker_exits.values()),
         )
         exits = CounterMetricFamily(
-            "execbox_worker_exits", "Worker processes that exited, by reason (see the README).", labels=["reason"]
+            "execbox_worker_exits", "Worker processes that exited, by reason (docs: Metrics and logs).", labels=["reason"]
         )
         for reason, count in sorted(state.worker_exits.items()):
             exits.add_metric([reason], count)
@@ -118,7 +118,7 @@ class _Live(Collector):
         )
         yield CounterMetricFamily(
             "execbox_log_lines_dropped",
-            "Log lines dropped because the log's reader fell behind (see the README's Logs).",
+            "Log lines dropped because the log's reader fell behind (docs: Metrics and logs).",
             value=state.log_lines_dropped,
         )
 
