@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,7 +41,7 @@ from execbox_runner.client import (
     safe_name,
 )
 
-from .daemonkit import Daemon, children_of, client, running_daemon, scripted_runner
+from .daemonkit import Daemon, certificate, children_of, client, running_daemon, scripted_runner
 
 BACKENDS = ["asyncio", "trio"]
 backends = pytest.mark.parametrize("backend", BACKENDS)
@@ -300,6 +301,61 @@ def test_an_unreachable_runner(backend: str) -> None:
         port = unused.getsockname()[1]
     with pytest.raises(RunnerUnavailable):
         run(backend, Runner.connect(f"ws://127.0.0.1:{port}/"), "1")
+
+
+@backends
+def test_every_connection_failure_names_its_reason(backend: str, daemon: Daemon, tmp_path: Path) -> None:
+    secure = daemon.url.replace("ws://", "wss://")
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    certfile, keyfile, trusted = certificate(tmp_path)
+    with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as tls:
+        plain = tls.url.replace("wss://", "ws://")
+        cases = [
+            (secure, None, r"TLS handshake failed: .+ \(is the runner serving plain ws://\?\)$"),
+            (plain, None, r"the runner closed the connection during the handshake \(is the runner serving wss://\?\)$"),
+            (tls.url, None, r"TLS certificate verification failed: .+"),
+            (f"ws://127.0.0.1:{port}/", None, rf"connection refused \(nothing listens on 127\.0\.0\.1:{port}\)$"),
+            ("ws://no-such-host.invalid/", None, r"cannot resolve the host name 'no-such-host\.invalid': .+"),
+        ]
+        for url, context, reason in cases:
+            with pytest.raises(RunnerUnavailable, match=rf"^cannot connect to {re.escape(url)}: {reason}"):
+                run(backend, Runner.connect(url, ssl_context=context), "1")
+        assert run(backend, Runner.connect(tls.url, ssl_context=trusted), "1").result == 1
+
+
+@backends
+def test_a_refused_execute_is_told_from_a_guests_validation_error(backend: str, daemon: Daemon) -> None:
+    refused = run(backend, Runner.connect(daemon.url), "1", timeout_ms=10**9)
+    assert (refused.ok, refused.refused, refused.error) == (
+        False,
+        True,
+        ErrorInfo("validation_error", "timeoutMs 1e+09 exceeds this runner's maximum of 300000"),
+    )
+
+    def reject() -> None:
+        raise ToolError("validation_error", "not that")
+
+    guest = run(backend, Runner.connect(daemon.url), "await t.reject()", {"t": {"reject": reject}})
+    assert (guest.refused, guest.error) == (False, ErrorInfo("validation_error", "not that"))
+    assert not run(backend, Runner.connect(daemon.url), "1").refused
+
+
+@backends
+def test_an_unknown_keyword_is_a_type_error_before_anything_runs(backend: str) -> None:
+    nowhere = Runner.connect("ws://127.0.0.1:1/")  # a connection would fail: the keyword is refused first
+    for keyword, hint in [
+        ("timeoutMs", "; did you mean 'timeout_ms'?"),
+        ("maxLogLines", "; did you mean 'max_log_lines'?"),
+        ("timeout_msec", "; did you mean 'timeout_ms'?"),
+        ("colour", "; the limits are timeout_ms, memory_limit_bytes, max_log_lines, max_log_chars"),
+    ]:
+        message = f"got an unexpected keyword argument '{keyword}'{hint}"
+        with pytest.raises(TypeError, match=re.escape(f"Runner.execute() {message}")):
+            run(backend, nowhere, "1", **{keyword: 300})
+        with pytest.raises(TypeError, match=re.escape(f"Runner.execute_sync() {message}")):
+            nowhere.execute_sync("1", **{keyword: 300})
 
 
 def descendants(pid: int) -> list[int]:

@@ -43,6 +43,9 @@ class ExecuteResult:
     ``result`` is the guest's final value decoded from JSON (``None`` for both
     ``null`` and ``undefined``); ``error`` has one of the stable codes and a
     message; ``logs`` are the guest's console lines as the runner truncated them.
+    ``refused`` is true when the runner answered the ``execute`` itself with its
+    ``done``, without ``started``: the request was invalid (for example limits
+    above the runner's maxima, a ``validation_error``) and no guest code ran.
     """
 
     ok: bool
@@ -50,6 +53,7 @@ class ExecuteResult:
     error: ErrorInfo | None = None
     logs: list[str] = field(default_factory=list)
     duration_ms: int = 0
+    refused: bool = False
 
 
 class Execution:
@@ -58,6 +62,7 @@ class Execution:
         self._execute = execute
         self._providers = providers
         self._done: Done | None = None
+        self._started = False
 
     async def run(self) -> ExecuteResult:
         """Run to the ``done`` (or the backstop); always leaves the connection closed."""
@@ -91,7 +96,7 @@ class Execution:
         if self._done is None:
             elapsed_ms = round((anyio.current_time() - started_at) * 1000)
             return ExecuteResult(ok=False, error=ErrorInfo("timeout", TIMEOUT_MESSAGE), duration_ms=elapsed_ms)
-        return _result(self._done)
+        return _result(self._done, refused=not self._started)
 
     async def _until_done(self, tools: anyio.abc.TaskGroup | None) -> None:
         """Read until this execution's ``done``, answering tool calls in ``tools`` (or ignoring them)."""
@@ -101,7 +106,9 @@ class Execution:
                 tools.start_soon(self._answer, message)
             elif isinstance(message, Done) and message.id == self._execute.id:
                 self._done = message
-            # `started`, and messages about another execution id, need no answer
+            elif isinstance(message, Started) and message.id == self._execute.id:
+                self._started = True
+            # messages about another execution id need no answer
 
     async def _answer(self, call: ToolCall) -> None:
         result = await self._providers.answer(call)
@@ -135,9 +142,9 @@ def _decode(data: bytes) -> Started | ToolCall | Done | None:
         raise RunnerProtocolError(f"the runner sent a frame that is not JSON: {exc}") from None
 
 
-def _result(done: Done) -> ExecuteResult:
+def _result(done: Done, *, refused: bool) -> ExecuteResult:
     if done.ok:
         value = None if done.result is UNSET else msgspec.json.decode(done.result)
         return ExecuteResult(ok=True, result=value, logs=done.logs, duration_ms=done.durationMs)
     error = done.error if done.error is not UNSET else ErrorInfo("internal_error", "The runner gave no error")
-    return ExecuteResult(ok=False, error=error, logs=done.logs, duration_ms=done.durationMs)
+    return ExecuteResult(ok=False, error=error, logs=done.logs, duration_ms=done.durationMs, refused=refused)

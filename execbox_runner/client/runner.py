@@ -8,6 +8,7 @@ object works from asyncio, from trio (through anyio) and from synchronous code.
 
 from __future__ import annotations
 
+import difflib
 import ssl
 import uuid
 from functools import partial
@@ -39,6 +40,13 @@ DEFAULT_LIMITS: Final[Limits] = {
     "memory_limit_bytes": 64 * 1024 * 1024,
     "max_log_lines": 100,
     "max_log_chars": 64_000,
+}
+# The wire's spellings of the limits (``RuntimeOptions``), as a caller may write them by mistake.
+_WIRE_NAMES: Final = {
+    "timeoutMs": "timeout_ms",
+    "memoryLimitBytes": "memory_limit_bytes",
+    "maxLogLines": "max_log_lines",
+    "maxLogChars": "max_log_chars",
 }
 
 
@@ -97,8 +105,10 @@ class Runner:
         """Run ``code`` with ``providers`` (``{"namespace": {"tool": callable}}``) as guest globals.
 
         Returns the result for anything the guest did (including ``timeout``);
-        raises a ``RunnerError`` when the runner could not run it.
+        raises a ``RunnerError`` when the runner could not run it, and
+        ``TypeError`` for a keyword that is not one of ``Limits``, before anything runs.
         """
+        _check_limits("execute", limits)
         resolved = Providers.of(providers)
         execute = Execute(
             id=f"exec-{uuid.uuid4().hex}", code=code, options=_options(limits), providers=resolved.manifests
@@ -112,6 +122,7 @@ class Runner:
         self, code: str, providers: Providers | ProviderTools | None = None, **limits: Unpack[Limits]
     ) -> ExecuteResult:
         """``execute`` for synchronous code (its own event loop; call it from any thread without one)."""
+        _check_limits("execute_sync", limits)
         return anyio.run(partial(self.execute, code, providers, **limits))
 
     def _url(self) -> str:
@@ -149,6 +160,16 @@ class Runner:
     ) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._stop)
+
+
+def _check_limits(method: str, limits: Limits) -> None:
+    """Refuse a keyword that is not a limit, as Python does for any other function, so that a
+    misspelt limit (or the wire's ``timeoutMs``) is an error rather than a default silently kept."""
+    for name in limits:
+        if name not in DEFAULT_LIMITS:
+            close = _WIRE_NAMES.get(name) or next(iter(difflib.get_close_matches(name, DEFAULT_LIMITS, n=1)), None)
+            hint = f"; did you mean {close!r}?" if close else f"; the limits are {', '.join(DEFAULT_LIMITS)}"
+            raise TypeError(f"Runner.{method}() got an unexpected keyword argument {name!r}{hint}")
 
 
 def _options(limits: Limits) -> RuntimeOptions:

@@ -8,6 +8,7 @@ or cancellable, and every failure surfaces as one of the client's errors.
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections import deque
 from typing import Final
@@ -19,7 +20,7 @@ from websockets.exceptions import InvalidStatus, InvalidURI
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import State
-from websockets.uri import parse_uri
+from websockets.uri import WebSocketURI, parse_uri
 
 from .errors import RunnerBusy, RunnerDisconnected, RunnerProtocolError, RunnerRefused, RunnerUnavailable, Unauthorized
 
@@ -27,6 +28,17 @@ RECEIVE_BYTES: Final = 65536
 SEND_TIMEOUT_S: Final = 10.0  # a runner that reads nothing for this long is gone
 CLOSE_TIMEOUT_S: Final = 1.0  # how long the closing handshake may take before the socket is just closed
 _STREAM_ERRORS: Final = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+# OpenSSL's reasons for a handshake that met something other than TLS (a plain HTTP server, or
+# one that closed the connection on the TLS hello).
+_NOT_TLS: Final = frozenset(
+    {
+        "WRONG_VERSION_NUMBER",
+        "UNEXPECTED_EOF_WHILE_READING",
+        "RECORD_LAYER_FAILURE",
+        "PACKET_LENGTH_TOO_LONG",
+        "HTTP_REQUEST",
+    }
+)
 
 
 class WebSocket:
@@ -76,7 +88,7 @@ class WebSocket:
             raise RunnerUnavailable(f"no WebSocket handshake with {url} within {connect_timeout:g} s") from None
         except _STREAM_ERRORS as exc:  # refused, reset, TLS failures (ssl.SSLError is an OSError)
             await _close_quietly(stream)
-            raise RunnerUnavailable(f"cannot connect to {url}: {exc}") from exc
+            raise RunnerUnavailable(f"cannot connect to {url}: {_reason(exc, uri)}") from exc
         except BaseException:
             await _close_quietly(stream)
             raise
@@ -168,6 +180,30 @@ class WebSocket:
         if scope.cancelled_caught:
             await self.abort()
             raise RunnerDisconnected(f"the runner read nothing for {SEND_TIMEOUT_S:g} s")
+
+
+def _reason(exc: BaseException, uri: WebSocketURI) -> str:
+    """Why a connection failed, in words: anyio wraps the cause of a failed connection or TLS
+    handshake in exceptions that say nothing themselves."""
+    cause = exc
+    while cause.__cause__ is not None and (isinstance(cause, anyio.BrokenResourceError) or type(cause) is OSError):
+        cause = cause.__cause__  # the error of the last address tried, or of the TLS layer
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"TLS certificate verification failed: {cause.verify_message} (is its CA trusted here?)"
+    if isinstance(cause, ssl.SSLError):
+        what = (cause.reason or "").replace("_", " ").lower() or cause.strerror or str(cause)
+        plain = isinstance(cause, ssl.SSLEOFError) or cause.reason in _NOT_TLS
+        return f"TLS handshake failed: {what}{' (is the runner serving plain ws://?)' if plain else ''}"
+    if isinstance(cause, ConnectionRefusedError):
+        return f"connection refused (nothing listens on {uri.host}:{uri.port})"
+    if isinstance(cause, socket.gaierror):
+        return f"cannot resolve the host name {uri.host!r}: {cause.strerror}"
+    if isinstance(cause, anyio.EndOfStream | anyio.BrokenResourceError | ConnectionResetError):
+        hint = "" if uri.secure else " (is the runner serving wss://?)"
+        return f"the runner closed the connection during the handshake{hint}"
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return str(cause) or type(cause).__name__
 
 
 def _refusal(url: str, response: Response | None, exc: Exception) -> Exception:
