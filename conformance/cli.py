@@ -27,11 +27,15 @@ from .report import describe, json_report, junit_xml, summary
 from .runner import DEFAULT_TIMEOUT, Result, Target, TargetError, run_all
 from .transcript import BUILTIN_TRANSCRIPTS, Transcript, TranscriptError, discover
 
-__all__ = ["TOKEN_ENV", "build_parser", "main"]
+__all__ = ["DEPRECATED_TOKEN_ENV", "TOKEN_ENV", "URL_ENV", "build_parser", "main"]
 
 PROG: Final = "execbox-conformance"
+#: Where the runner's URL comes from when none is given: the name every execbox-runner client reads.
+URL_ENV: Final = "EXECBOX_RUNNER_URL"
 #: Where the bearer token comes from when ``--token`` is not given (keeps it out of process listings).
-TOKEN_ENV: Final = "EXECBOX_CONFORMANCE_TOKEN"  # noqa: S105 (the variable's name, not a secret)
+TOKEN_ENV: Final = "EXECBOX_RUNNER_TOKEN"  # noqa: S105 (the variable's name, not a secret)
+#: The token's earlier name, still read (with a warning) when ``TOKEN_ENV`` is unset.
+DEPRECATED_TOKEN_ENV: Final = "EXECBOX_CONFORMANCE_TOKEN"  # noqa: S105
 # RFC 9110 token characters: what a header name may be made of.
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
@@ -48,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         "2 no verdict (usage, transcripts, or the runner cannot be reached). "
         f"Transcript format: {BUILTIN_TRANSCRIPTS / 'README.md'}",
     )
-    parser.add_argument("url", nargs="?", help="the runner's WebSocket URL, e.g. ws://127.0.0.1:8765/ or wss://...")
+    parser.add_argument(
+        "url",
+        nargs="?",
+        help=f"the runner's WebSocket URL, e.g. ws://127.0.0.1:8765/ or wss://... (default: ${URL_ENV})",
+    )
     connection = parser.add_argument_group("connection")
     connection.add_argument(
         "--token", help=f"send 'Authorization: Bearer TOKEN' in the handshake (default: ${TOKEN_ENV}, if set)"
@@ -109,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.url is None and not args.list:
+        args.url = os.environ.get(URL_ENV) or None
     target = _target(args) if args.url is not None else None
     if args.no_builtin and not args.transcripts:
         raise UsageError("--no-builtin needs at least one --transcripts DIR")
@@ -119,7 +129,7 @@ def _main(args: argparse.Namespace) -> int:
         _print_list(transcripts, as_json=args.json)
         return 0
     if target is None:
-        raise UsageError("the runner's URL is missing (e.g. ws://127.0.0.1:8765/); --list needs none")
+        raise UsageError(f"the runner's URL is missing (e.g. ws://127.0.0.1:8765/, or ${URL_ENV}); --list needs none")
     progress = sys.stderr if args.json else sys.stdout
 
     def report(result: Result) -> None:
@@ -154,7 +164,7 @@ def _target(args: argparse.Namespace) -> Target:
     except InvalidURI as exc:
         raise UsageError(f"invalid URL {url!r}: {exc.msg} (expected ws://HOST:PORT/ or wss://HOST:PORT/)") from None
     headers: list[tuple[str, str]] = args.headers
-    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    token: str | None = args.token or _token_from_environment()
     if token is not None:
         if any(name.lower() == "authorization" for name, _ in headers):
             raise UsageError("give the token either with --token (or $" + TOKEN_ENV + ") or as an Authorization header")
@@ -162,6 +172,16 @@ def _target(args: argparse.Namespace) -> Target:
             raise UsageError("the token must be printable, without spaces or line breaks")
         headers = [("Authorization", f"Bearer {token}"), *headers]
     return Target(url, tuple(headers), _tls(args, secure=secure))
+
+
+def _token_from_environment() -> str | None:
+    """``TOKEN_ENV``, else the deprecated ``DEPRECATED_TOKEN_ENV`` with a warning naming the new one."""
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    if os.environ.get(DEPRECATED_TOKEN_ENV):
+        print(f"{PROG}: warning: {DEPRECATED_TOKEN_ENV} is deprecated; set {TOKEN_ENV} instead", file=sys.stderr)
+        return os.environ[DEPRECATED_TOKEN_ENV]
+    return None
 
 
 def _tls(args: argparse.Namespace, *, secure: bool) -> ssl.SSLContext | None:

@@ -1,4 +1,4 @@
-"""A service that runs its users' JavaScript on a shared remote runner, against the service's own tools.
+r"""A service that runs its users' JavaScript on a shared remote runner, against the service's own tools.
 
 The runner (``execbox-runner serve`` elsewhere, with tokens) never sees the
 service's data or credentials: it gets code and tool names, and each tool call
@@ -6,21 +6,21 @@ comes back here over the execution's WebSocket. This is a plain threaded HTTP
 server, so each request uses the synchronous API (``execute_sync``); an async
 service would ``await runner.execute(...)`` instead.
 
-    EXECBOX_URL=ws://runner:8765/ EXECBOX_TOKEN=... python examples/remote_service.py --port 8080
+    EXECBOX_RUNNER_URL=ws://runner:8765/ EXECBOX_RUNNER_TOKEN=... python examples/remote_service.py --port 8080
     curl -s localhost:8080/types
-    curl -s localhost:8080/run -d '{"code": "await orders.status({order_id: \\"A-1\\"})"}'
+    curl -s localhost:8080/run -d '{"code": "await orders.status({order_id: \"A-1\"})"}'
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypedDict
 
 from execbox_runner.client import Providers, Runner, RunnerError, ToolError
+from execbox_runner.client.environment import TOKEN_ENV, URL_ENV, from_environment
 
 
 class Order(TypedDict):
@@ -94,13 +94,14 @@ class Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default=os.environ.get("EXECBOX_URL"), help="the runner (default: $EXECBOX_URL)")
-    parser.add_argument("--token", default=os.environ.get("EXECBOX_TOKEN"), help="its token (default: $EXECBOX_TOKEN)")
+    parser.add_argument("--url", help=f"the runner (default: ${URL_ENV})")
+    parser.add_argument("--token", help=f"its token (default: ${TOKEN_ENV})")
     parser.add_argument("--port", type=int, default=8080, help="HTTP port on 127.0.0.1 (0: any free port)")
     args = parser.parse_args()
-    if not args.url:
-        parser.error("give the runner's URL: --url or EXECBOX_URL")
-    Handler.runner = Runner.connect(args.url, token=args.token)
+    url = args.url or from_environment(URL_ENV, parser.prog)
+    if not url:
+        parser.error(f"give the runner's URL: --url or {URL_ENV}")
+    Handler.runner = Runner.connect(url, token=args.token or from_environment(TOKEN_ENV, parser.prog))
     with ThreadingHTTPServer(("127.0.0.1", args.port), Handler) as server:
         print(f"remote_service listening on http://127.0.0.1:{server.server_address[1]}/", flush=True)
         server.serve_forever()

@@ -38,7 +38,7 @@ from execbox_runner_conformance import (
     run_transcript,
     transcript_paths,
 )
-from execbox_runner_conformance.cli import TOKEN_ENV
+from execbox_runner_conformance.cli import DEPRECATED_TOKEN_ENV, TOKEN_ENV, URL_ENV
 
 from .daemonkit import running_daemon, stop
 
@@ -84,7 +84,9 @@ def tls_runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 def conformance(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed console script, as another runner's CI would run it (no token from this environment)."""
-    environment = {name: value for name, value in os.environ.items() if name != TOKEN_ENV}
+    environment = {
+        name: value for name, value in os.environ.items() if name not in (TOKEN_ENV, DEPRECATED_TOKEN_ENV, URL_ENV)
+    }
     return subprocess.run(
         [_console_script("execbox-conformance"), *args],
         capture_output=True,
@@ -294,11 +296,15 @@ def test_junit_and_json_carry_any_text_a_runner_sends() -> None:
 
 def test_token_and_headers_reach_a_protected_runner(protected_url: str) -> None:
     flags = conformance(protected_url, "--token", TOKEN, "--header", f"Origin:{ORIGIN}", "-k", "spec-")
-    from_env = conformance(protected_url, "-k", "spec-", env={TOKEN_ENV: TOKEN})
+    from_env = conformance("-k", "spec-", env={URL_ENV: protected_url, TOKEN_ENV: TOKEN})
     as_header = conformance(protected_url, "--header", f"Authorization: Bearer {TOKEN}", "-k", "spec-")
-    for completed in (flags, from_env, as_header):
+    deprecated = conformance(protected_url, "-k", "spec-", env={DEPRECATED_TOKEN_ENV: TOKEN})
+    for completed in (flags, from_env, as_header, deprecated):
         assert completed.returncode == 0, completed.stderr
         assert verdicts(completed.stdout) == [f"PASS {name}" for name in SPEC]
+    assert deprecated.stderr == (
+        "execbox-conformance: warning: EXECBOX_CONFORMANCE_TOKEN is deprecated; set EXECBOX_RUNNER_TOKEN instead\n"
+    )
     forbidden = conformance(protected_url, "--token", TOKEN, "--header", "Origin:https://evil.example", "-k", "spec-")
     assert_one_line_error(forbidden, f"the runner at {protected_url} refused the WebSocket handshake: HTTP 403")
 

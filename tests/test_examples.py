@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import queue
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,11 +30,36 @@ def test_agent_loop_recovers_from_a_rejected_tool_input() -> None:
     assert 'answer: [{"name": "desk lamp", "price": 42.12}]' in done.stdout
 
 
+def docstring_lines(example: Path, command: str) -> list[str]:
+    """The lines of an example's docstring that run ``command``, as a reader copies them."""
+    docstring = ast.get_docstring(ast.parse(example.read_text()), clean=True) or ""
+    return [line.strip() for line in docstring.splitlines() if line.strip().startswith(command + " ")]
+
+
+def run_curl(line: str) -> str:
+    """The body a ``curl -s URL [-d BODY]`` line copied from a docstring gets: made as the same
+    request (``-d`` posts its body as a form, as curl does), and where curl is installed also by
+    running the line as a shell would, which must get the same body."""
+    argv = shlex.split(line)
+    assert argv[:2] == ["curl", "-s"] and len(argv) in (3, 5) and argv[3:4] in ([], ["-d"]), line
+    body = argv[4].encode() if len(argv) == 5 else None
+    request = urllib.request.Request(
+        "http://" + argv[2], data=body, headers={"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text: str = response.read().decode()
+    if shutil.which("curl") is not None:
+        done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60, check=True)
+        assert done.stdout == text
+    return text
+
+
 def test_remote_service_against_a_daemon_with_tokens() -> None:
+    example = EXAMPLES / "remote_service.py"
     with running_daemon("--tokens", "service-token") as daemon:
-        environment = {**os.environ, "EXECBOX_URL": daemon.url, "EXECBOX_TOKEN": "service-token"}
+        environment = {**os.environ, "EXECBOX_RUNNER_URL": daemon.url, "EXECBOX_RUNNER_TOKEN": "service-token"}
         service = subprocess.Popen(
-            [sys.executable, str(EXAMPLES / "remote_service.py"), "--port", "0"],
+            [sys.executable, str(example), "--port", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -45,10 +73,38 @@ def test_remote_service_against_a_daemon_with_tokens() -> None:
             assert post(base + "run", {"code": code}) == {"ok": True, "result": 90.0, "error": None, "logs": ["1"]}
             missing = post(base + "run", {"code": "await orders.status({order_id: 'Z-9'})"})
             assert missing["error"] == {"code": "validation_error", "message": "no order Z-9"}
+            # The docstring's curl lines, exactly as written but for the port.
+            port = base.removeprefix("http://127.0.0.1:").strip("/")
+            types, status = (
+                line.replace("localhost:8080", f"localhost:{port}") for line in docstring_lines(example, "curl")
+            )
+            assert run_curl(types).startswith("declare namespace orders {")
+            order = {"order_id": "A-1", "status": "shipped", "total": 25.0}
+            assert json.loads(run_curl(status)) == {"ok": True, "result": order, "error": None, "logs": []}
         finally:
             stop(service)
             assert service.stdout is not None
             service.stdout.close()
+
+
+def test_remote_service_reads_the_old_variable_names_with_a_warning() -> None:
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("EXECBOX_RUNNER_")}
+    service = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "remote_service.py"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**environment, "EXECBOX_URL": "ws://127.0.0.1:1/"},
+    )
+    try:
+        assert first_line(service).startswith("remote_service listening on ")
+    finally:
+        stop(service)
+        assert service.stdout is not None and service.stderr is not None
+        service.stdout.close()
+        warning = service.stderr.read()
+        service.stderr.close()
+    assert warning == "remote_service.py: warning: EXECBOX_URL is deprecated; set EXECBOX_RUNNER_URL instead\n"
 
 
 def first_line(process: subprocess.Popen[str]) -> str:

@@ -27,4 +27,4 @@ npm run build
 # The example links the client (file:../../clients/typescript), so it builds after it.
 (cd "$repo/examples/typescript" && npm ci --no-audit --no-fund && npm run build)
 
-EXECBOX_EXAMPLE_REQUIRED=1 npm test
+EXECBOX_TEST_EXAMPLE_REQUIRED=1 npm test

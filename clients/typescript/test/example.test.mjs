@@ -1,5 +1,5 @@
 // examples/typescript runs against a real daemon: two providers, one execution.
-// ci.sh builds the example first and sets EXECBOX_EXAMPLE_REQUIRED=1; without a build
+// ci.sh builds the example first and sets EXECBOX_TEST_EXAMPLE_REQUIRED=1; without a build
 // (a plain `npm test`) this test is skipped.
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -29,7 +29,7 @@ after(async () => {
 
 test("examples/typescript: an execbox host with two providers", async (t) => {
   if (!built) {
-    assert.notEqual(process.env.EXECBOX_EXAMPLE_REQUIRED, "1", `${example} is not built`);
+    assert.notEqual(process.env.EXECBOX_TEST_EXAMPLE_REQUIRED, "1", `${example} is not built`);
     t.skip("examples/typescript is not built (ci.sh builds it)");
     return;
   }
