@@ -342,4 +342,4 @@ def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
     config.write_text(json.dumps({"mcpServers": {}}))
     argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config), "--max-tool-calls", "0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "every bound must be above 0" in done.stderr
+    assert done.returncode == 2 and "argument --max-tool-calls: must be an integer > 0" in done.stderr

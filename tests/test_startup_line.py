@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from execbox_runner import __version__
+from execbox_runner.daemon.server import engine
 
 from .daemonkit import Daemon, running_daemon
 from .test_deploy import free_port
@@ -28,6 +29,7 @@ def test_the_startup_line_has_the_limits_and_protections_as_fields() -> None:
         (line,) = startup_lines(d)
     assert line["level"] == "info"
     assert line["version"] == __version__ and line["profile"] == "standard" and line["shard"] == ""
+    assert line["engine"] == engine() and line["engine"].startswith("quickjs-ng ")
     assert line["listen"] == [d.url]
     assert line["metrics_listen"] == [f"http://127.0.0.1:{metrics_port}/metrics"]
     assert (line["authentication"], line["metrics_token"]) == (True, True)
@@ -48,6 +50,7 @@ def test_the_startup_line_reads_in_text_mode_and_names_the_hardened_profile() ->
         (line,) = [line for line in d.log_lines() if STARTUP_PREFIX in line]
     assert " INFO execbox_runner.daemon.server: " in line
     assert "(hardened) serving ws://127.0.0.1:" in line
+    assert f"; engine {engine()}; at most " in line
     assert "of 1 executions each" in line  # a hardened worker hosts one execution
     assert "executions up to 300 s and 512 MiB each" in line
     assert "unsafe: sandbox_off, no_authentication" in line

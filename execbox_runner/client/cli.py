@@ -1,59 +1,256 @@
 """``execbox-runner exec``: run JavaScript from a shell, on a private local runner or a remote one.
 
 The guest's logs go to stderr and its result, as JSON, to stdout, so the
-output can be piped; the exit status is 0 only when the execution succeeded
-(1 for a guest error, 2 when no runner could run it).
+output can be piped. ``CODE_OR_FILE`` is code, a file or ``-`` (stdin), by the
+rule in ``CODE_OR_FILE_HELP``.
+
+Exit status (the scheme of every command, ``exit_statuses``): 0 the execution
+succeeded; 1 it failed: a guest error (including its timeout), or a runner
+that could not be reached, went away or is busy; 2 a usage error: a bad flag or
+value, a file that cannot be read, or a runner that refused the request as
+invalid (HTTP 401 or 403, or the execute's own limits above its maxima).
+
+This module also holds what the commands share: the exit statuses and the
+argparse types of numeric options, so that a bad value is one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
+import re
 import sys
+import textwrap
+from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
-from .errors import RunnerError
+from .environment import TOKEN_ENV, URL_ENV, from_environment
+from .errors import RunnerBusy, RunnerError, RunnerRefused
 from .runner import DEFAULT_LIMITS, Runner
 
-TOKEN_ENV = "EXECBOX_TOKEN"  # noqa: S105 -- the name of the variable, not a token
+if TYPE_CHECKING:
+    import tree_sitter
+
+PROG: Final = "execbox-runner exec"
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+MAX_SAFE_INTEGER: Final = 2**53 - 1  # the largest limit the wire takes
+MAX_PORT: Final = 65535
+SCRIPT_SUFFIXES: Final = (".js", ".mjs", ".cjs", ".ts")
+PATH_PREFIXES: Final = ("./", "../", "/", "~/")
+REGEX_FLAGS: Final = frozenset("dgimsuvy")
+CODE_OR_FILE_HELP: Final = (
+    "guest code, a file holding it, or - for stdin. It is a file when it names an existing one, and is taken for a"
+    f" file (a missing one is an error) when it is one word that ends in {', '.join(SCRIPT_SUFFIXES)}, or that"
+    f" starts with {', '.join(PATH_PREFIXES)} and is not valid JavaScript (/x/.test('x') is code). Anything else is code."
+)
+
+
+def exit_statuses(failure: str | None, usage: str, ok: str = "ok") -> str:
+    """The exit statuses of a command for its ``--help`` epilog, in the scheme every command follows;
+    ``failure`` is ``None`` for a command that never fails once its arguments are good."""
+    lines = ["exit status:", f"  0  {ok}", *([f"  1  {failure}"] if failure else [])]
+    return "\n".join([*lines, f"  2  a usage or configuration error: {usage}"])
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help whose text keeps its lines: each line of a description, epilog or option's help is
+    wrapped on its own (so a help can put its facts on a line of their own), an indented line of an
+    example is left as written, and an exit status's line wraps under its text."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        lines = (textwrap.wrap(paragraph, width, break_on_hyphens=False) or [""] for paragraph in text.splitlines())
+        return [line for paragraph in lines for line in paragraph]
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            status = re.match(r"\s+\d  ", line)
+            if status is not None:
+                head, rest = line[: status.end()], line[status.end() :]
+                lines += textwrap.wrap(
+                    rest, width, initial_indent=head, subsequent_indent=" " * len(head), break_on_hyphens=False
+                )
+            elif line.startswith(" "):
+                lines.append(line)
+            else:
+                lines += textwrap.wrap(line, width, break_on_hyphens=False) or [""]
+        return "\n".join(indent + line for line in lines)
+
+
+class UsageError(Exception):
+    """What the user must fix in the command line; the message is the one line they see."""
+
+
+# ---------------------------------------------------------------- argparse types of numeric options
+
+
+def _number(text: str, kind: type[int] | type[float], wanted: str, low: float, high: float) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not low < value <= high:
+        raise argparse.ArgumentTypeError(f"must be {wanted}, not {text!r}")
+    return value
+
+
+def milliseconds(text: str) -> float:
+    """A time budget in milliseconds: a number above 0."""
+    return _number(text, float, f"a number of milliseconds > 0 and <= {MAX_SAFE_INTEGER}", 0, MAX_SAFE_INTEGER)
+
+
+def seconds(text: str) -> float:
+    """A wait in seconds: a number above 0."""
+    return _number(text, float, "a number of seconds > 0", 0, math.inf)
+
+
+def count(text: str) -> int:
+    """A size or a count: an integer above 0."""
+    return int(_number(text, int, f"an integer > 0 and <= {MAX_SAFE_INTEGER}", 0, MAX_SAFE_INTEGER))
+
+
+def port(text: str) -> int:
+    """A TCP port; 0 picks a free one."""
+    return int(_number(text, int, f"a port number 0-{MAX_PORT}", -1, MAX_PORT))
+
+
+# ---------------------------------------------------------------- exec
 
 
 def add_exec_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "exec", help="run JavaScript on a runner (a private local one by default); print its logs and result"
+        "exec",
+        help="run JavaScript on a runner (a private local one by default); print its logs and result",
+        description="Run JavaScript on a runner (a private local one by default). The guest's logs go to stderr,"
+        " its result as JSON to stdout.",
+        formatter_class=HelpFormatter,
+        epilog=exit_statuses(
+            failure="the execution failed (a guest error or its timeout), or the runner could not be reached,"
+            " went away or is busy",
+            usage="a bad flag or value, a file that cannot be read, a runner that refused the request"
+            " (HTTP 401/403, limits above its maxima)",
+        )
+        + """
+
+examples:
+  execbox-runner exec '6 * 7'
+  execbox-runner exec ./guest.js --timeout-ms 1000
+  echo 'console.log("hi")' | execbox-runner exec -
+  EXECBOX_RUNNER_TOKEN=... execbox-runner exec --url wss://runner.example:8765/ 'await 1'""",
     )
-    parser.add_argument("code", metavar="CODE_OR_FILE", help="guest code, a file holding it, or - for stdin")
-    parser.add_argument("--url", help="a running runner, ws://HOST:PORT/ or wss://... (default: start a local one)")
-    parser.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token for --url (default: ${TOKEN_ENV})"
+    parser.add_argument("code", metavar="CODE_OR_FILE", help=CODE_OR_FILE_HELP)
+    runner = parser.add_argument_group("Runner")
+    runner.add_argument(
+        "--url",
+        help=f"a running runner, ws://HOST:PORT/ or wss://... (default: ${URL_ENV}, else a private local runner)",
     )
-    parser.add_argument(
-        "--timeout-ms", type=float, default=DEFAULT_LIMITS["timeout_ms"], help="the execution's time budget"
+    runner.add_argument("--token", help=f"bearer token for --url (default: ${TOKEN_ENV})")
+    limits = parser.add_argument_group("Limits")
+    limits.add_argument(
+        "--timeout-ms",
+        type=milliseconds,
+        default=DEFAULT_LIMITS["timeout_ms"],
+        metavar="MS",
+        help="the execution's time budget, tool calls included (default: %(default)g)",
     )
 
 
 def run_exec(args: argparse.Namespace) -> int:
-    code = sys.stdin.read() if args.code == "-" else _code(args.code)
-    runner = Runner.connect(args.url, token=args.token) if args.url else Runner.local()
     try:
-        with runner:
+        code = read_code(args.code)
+    except UsageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    url = args.url or from_environment(URL_ENV, PROG)
+    token = args.token or from_environment(TOKEN_ENV, PROG)
+    try:
+        with Runner.connect(url, token=token) if url else Runner.local() as runner:
             result = runner.execute_sync(code, timeout_ms=args.timeout_ms)
-    except (RunnerError, ValueError) as exc:
-        print(f"execbox-runner exec: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # a URL that is not ws:// or wss://
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RunnerError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exit_status(exc)
     for line in result.logs:
         print(line, file=sys.stderr)
     if result.error is not None:
+        if result.refused:
+            print(
+                f"{PROG}: the runner refused the execution ({result.error.code}): {result.error.message}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         print(f"error: {result.error.code}: {result.error.message}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     print(json.dumps(result.result, ensure_ascii=False))  # an undefined result prints as null
-    return 0
+    return EXIT_OK
 
 
-def _code(argument: str) -> str:
-    """The file's text when the argument names a file, else the argument itself."""
-    try:
-        return Path(argument).read_text() if Path(argument).is_file() else argument
-    except (OSError, ValueError):  # not a possible path (too long, NUL bytes): code
+def exit_status(error: RunnerError) -> int:
+    """2 for a runner that refused the request as invalid (an HTTP 4xx: the token, the Origin),
+    1 for one that could not run it (unreachable, gone, busy or failing)."""
+    if isinstance(error, RunnerRefused) and not isinstance(error, RunnerBusy) and 400 <= error.status < 500:
+        return EXIT_USAGE
+    return EXIT_FAILURE
+
+
+def read_code(argument: str) -> str:
+    """The guest code ``argument`` stands for (see ``CODE_OR_FILE_HELP``); ``UsageError`` for a file
+    that cannot be read."""
+    if argument == "-":
+        return sys.stdin.read()
+    if not _is_file(argument) and not looks_like_a_path(argument):
         return argument
+    path = Path(argument).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {argument}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read {argument}: not UTF-8 text") from None
+
+
+def _is_file(argument: str) -> bool:
+    try:
+        return Path(argument).is_file()
+    except (OSError, ValueError):  # not a possible path (too long, NUL bytes)
+        return False
+
+
+def looks_like_a_path(argument: str) -> bool:
+    """One word that ends in a script suffix, or starts like a path and is not JavaScript."""
+    if not argument or any(char.isspace() for char in argument):
+        return False
+    if argument.endswith(SCRIPT_SUFFIXES):
+        return True
+    return argument.startswith(PATH_PREFIXES) and not is_javascript(argument)
+
+
+def is_javascript(code: str) -> bool:
+    """Whether ``code`` parses as JavaScript (tree-sitter's grammar, and regular expression flags
+    the language allows: ``/tmp/x`` parses as a regex with the flag ``x``, which JavaScript refuses)."""
+    tree = _parser().parse(code.encode())
+    if tree.root_node.has_error:
+        return False
+    nodes = [tree.root_node]
+    while nodes:
+        node = nodes.pop()
+        if node.type == "regex_flags":
+            flags = (node.text or b"").decode()
+            if not set(flags) <= REGEX_FLAGS or len(set(flags)) < len(flags) or {"u", "v"} <= set(flags):
+                return False
+        nodes.extend(node.children)
+    return True
+
+
+@lru_cache(maxsize=1)
+def _parser() -> tree_sitter.Parser:
+    import tree_sitter  # noqa: PLC0415 -- only for an argument that looks like a path
+    import tree_sitter_javascript  # noqa: PLC0415
+
+    return tree_sitter.Parser(tree_sitter.Language(tree_sitter_javascript.language()))

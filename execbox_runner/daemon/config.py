@@ -11,6 +11,9 @@ from a flag and another way from the file: numbers must be in range, booleans
 are one of six words, choices are spelled out, files must exist. A value that
 breaks its rule is an ``InvalidSetting`` naming where it came from; the CLI
 prints that one line and exits 2, before anything starts.
+
+``GROUPS`` orders the settings by topic and ``default_text`` words each
+default, as ``serve --help`` shows them (and a reference page can too).
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ HELP: dict[str, str] = {
     "metrics_token": "bearer tokens, comma-separated, that /metrics and the detailed /healthz require (probes never do); prefer the environment variable or --metrics-token-file; empty: none required",
     "metrics_token_file": "existing file of metrics bearer tokens (as --metrics-token), one per line",
     "max_sessions": "most concurrent sessions (one execution each); beyond it handshakes get HTTP 503 with Retry-After; 0: sized from memory and descriptors (up to 20,000)",
-    "idle_timeout": "seconds a session may go without an execution before it is closed (1000)",
+    "idle_timeout": "seconds a session may go without an execution before it is closed (close code 1000)",
     "drain_grace": "on SIGTERM/SIGINT: seconds running executions get to finish before they are cancelled (0: cancel at once); a second signal stops at once",
     "sandbox": "confine workers (namespaces, rlimits, seccomp); 'false' only for debugging (reported as unsafe)",
     "send_timeout": "seconds a send to a host may block before the host is dropped",
@@ -222,28 +225,123 @@ def _number(kind: type, value: object, wanted: str) -> int | float:
     return number
 
 
+# The settings by topic, in the order ``serve --help`` lists them: each setting exactly once.
+GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
+    ("Listening and TLS", ("host", "port", "certfile", "keyfile")),
+    ("Authentication", ("tokens_file", "tokens", "allow_unauthenticated", "allowed_origins")),
+    (
+        "Limits",
+        (
+            "max_sessions",
+            "max_timeout_ms",
+            "max_memory_limit_bytes",
+            "memory_budget_bytes",
+            "max_message_bytes",
+            "max_output_bytes",
+        ),
+    ),
+    (
+        "Workers and isolation",
+        (
+            "profile",
+            "sandbox",
+            "processes",
+            "warm_workers",
+            "max_workers",
+            "worker_capacity",
+            "worker_threads",
+            "max_executions_per_worker",
+            "share_workers_across_tokens",
+        ),
+    ),
+    (
+        "Timeouts",
+        (
+            "idle_timeout",
+            "handshake_timeout",
+            "send_timeout",
+            "close_timeout",
+            "drain_grace",
+            "cancel_grace",
+            "timeout_grace",
+        ),
+    ),
+    ("Metrics and health", ("metrics_port", "metrics_host", "metrics_token", "metrics_token_file")),
+    ("Logs and records", ("log_level", "log_format", "log_guest_code", "record_dir")),
+)
+# Defaults that a value would not explain: sized from the machine, or empty with a meaning.
+DEFAULT_WORDS: Final = {
+    "warm_workers": "the usable cores, 2 to 8",
+    "allowed_origins": "empty (any Origin)",
+    "metrics_host": "empty (--host's)",
+}
+
+
+def default_text(name: str) -> str:
+    """The default of setting ``name`` as ``--help`` shows it: booleans as the words the flags
+    take, an empty value as "none", sizes in bytes with their MiB, times with their unit."""
+    if name in DEFAULT_WORDS:
+        return DEFAULT_WORDS[name]
+    value = {field.name: field.default for field in fields(Settings)}[name]
+    if isinstance(value, bool):
+        return TRUE_WORDS[0] if value else FALSE_WORDS[0]
+    if value == "":
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g} s"
+    if isinstance(value, int) and name.endswith("_bytes") and value >= 2**20:
+        return f"{value} ({value / 2**20:g} MiB)"
+    if isinstance(value, int) and name.endswith("_ms") and value >= 1000:
+        return f"{value} ({value / 1000:g} s)"
+    return str(value)
+
+
 def _metavar(name: str, kind: type) -> str:
+    """What a flag takes, in a word: the choices, or the kind of value."""
     if name in CHOICES:
         return "{" + ",".join(CHOICES[name]) + "}"
-    return "BOOL" if kind is bool else name.upper()
+    if kind is bool:
+        return "BOOL"
+    if name in PORTS:
+        return "PORT"
+    if name in EXISTING_FILES:
+        return "FILE"
+    for suffix, word in (
+        ("_bytes", "BYTES"),
+        ("_ms", "MS"),
+        ("_dir", "DIR"),
+        ("host", "HOST"),
+        ("_origins", "ORIGINS"),
+    ):
+        if name.endswith(suffix):
+            return word
+    if kind is float:
+        return "SECONDS"
+    return "N" if kind is int else "TOKENS"  # the tokens and metrics_token: the other text settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting, read as text: ``resolve`` converts flags, variables and keys alike."""
+    """One flag per setting, read as text (``resolve`` converts flags, variables and keys alike),
+    in the argument groups of ``GROUPS``; each help has a second line: the rule, default and
+    variable (``HelpFormatter`` keeps it a line of its own)."""
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help=f"existing TOML file of settings (keys as below, e.g. max_sessions = 64); flags and environment variables win over it (env {ENV_PREFIX}CONFIG)",
+        help="existing TOML file of settings (keys as the flags without --, e.g. max_sessions = 64); flags and"
+        f" environment variables win over it (env {ENV_PREFIX}CONFIG)",
     )
-    for field in fields(Settings):
-        kind = type(field.default)
-        parser.add_argument(
-            "--" + field.name.replace("_", "-"),
-            dest=field.name,
-            default=None,
-            metavar=_metavar(field.name, kind),
-            help=f"{HELP[field.name]} ({'; '.join(filter(None, (rule(field.name, kind), f'env {ENV_PREFIX + field.name.upper()}', f'default {field.default}')))})",
-        )
+    kinds = {field.name: type(field.default) for field in fields(Settings)}
+    for title, names in GROUPS:
+        group = parser.add_argument_group(title)
+        for name in names:
+            facts = (rule(name, kinds[name]), f"default: {default_text(name)}", f"env {ENV_PREFIX + name.upper()}")
+            group.add_argument(
+                "--" + name.replace("_", "-"),
+                dest=name,
+                default=None,
+                metavar=_metavar(name, kinds[name]),
+                help=f"{HELP[name]}\n{'; '.join(filter(None, facts))}".replace("%", "%%"),
+            )
 
 
 def _from_file(path: str, origins: dict[str, str]) -> dict[str, Any]:

@@ -91,6 +91,19 @@ def unsafe_settings(
     return [name for name in UNSAFE_SETTINGS if applies[name]]
 
 
+def engine() -> str:
+    """The JavaScript engine in use, as ``info`` and the start-up lines name it: quickjs-ng's
+    version (a build of ``deploy/quickjs/build.py`` carries a local label saying how it was tuned)
+    and which build it is: only that build sets ``NATIVE_BUDGET``."""
+    build = "tuned build of deploy/quickjs/build.py" if native.NATIVE_BUDGET else "stock wheel from PyPI"
+    return f"quickjs-ng {importlib.metadata.version('quickjs-ng')} ({build})"
+
+
+def listening_line(address: str) -> str:
+    """The line on stdout once the daemon serves: the engine, then the URL as its last word."""
+    return f"execbox-runner with {engine()} listening on {address}"
+
+
 def host_report(settings: Settings) -> dict[str, object]:
     """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
     found = sandbox.capabilities()  # one probe (a forked child) for both reports below
@@ -100,9 +113,11 @@ def host_report(settings: Settings) -> dict[str, object]:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "profile": settings.profile,
+        "engine": engine(),
         "interrupt_running_guests": native.SUPPORTED,
         "quickjs": {
             "version": importlib.metadata.version("quickjs-ng"),
+            "tuned": native.NATIVE_BUDGET,
             "arena_bytes": native.ARENA_BYTES,
             "discards_runtimes": native.DISCARDS_RUNTIMES,
             "lazy_accessors": native.LAZY_ACCESSORS,
@@ -117,10 +132,24 @@ def host_report(settings: Settings) -> dict[str, object]:
         "limits": {
             **{key: value for key, value in asdict(settings).items() if key.startswith("max_")},
             "max_sessions": effective_max_sessions(settings),
+            "worker_capacity": worker_capacity(settings),
+            "warm_workers": settings.warm_workers,
+        },
+        "timeouts_s": {
+            "idle": settings.idle_timeout,
+            "handshake": settings.handshake_timeout,
+            "send": settings.send_timeout,
+            "close": settings.close_timeout,
+            "drain_grace": settings.drain_grace,
         },
         "memory_bytes": memory_bytes(),
         "memory_budget_bytes": memory_budget(settings),
     }
+
+
+def worker_capacity(settings: Settings) -> int:
+    """Executions one worker process hosts at once: the hardened profile never runs two in one."""
+    return 1 if settings.profile == "hardened" else settings.worker_capacity
 
 
 def memory_budget(settings: Settings) -> int:
@@ -281,8 +310,7 @@ class Daemon:
         self.pool = WorkerPool(
             warm=settings.warm_workers,
             max_workers=settings.max_workers,
-            # The hardened profile never runs two executions in one process.
-            capacity=1 if settings.profile == "hardened" else settings.worker_capacity,
+            capacity=worker_capacity(settings),
             lifetime=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
             max_frame=2 * settings.max_output_bytes + (1 << 20),
             worker_args=worker_arguments(settings),
@@ -382,6 +410,7 @@ class Daemon:
         fields: dict[str, object] = {
             "version": __version__,
             "profile": settings.profile,
+            "engine": self.report["engine"],
             "shard": shard_name(),
             "listen": sessions,
             "metrics_listen": metrics,
@@ -402,13 +431,14 @@ class Daemon:
         if state.metrics_tokens:
             where += " (metrics token required)"
         log.info(
-            "execbox-runner %s (%s%s) serving %s; at most %d sessions, %d workers of %d executions each;"
+            "execbox-runner %s (%s%s) serving %s; engine %s; at most %d sessions, %d workers of %d executions each;"
             " executions up to %g s and %s each; idle %g s, handshake %g s, send %g s, drain %g s;"
             " memory budget %s; protections: %s; unsafe: %s",
             __version__,
             settings.profile,
             f", shard {shard_name()}" if shard_name() else "",
             where,
+            self.report["engine"],
             state.max_sessions,
             self.pool.max_workers,
             self.pool.capacity,

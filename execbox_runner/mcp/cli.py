@@ -2,12 +2,18 @@
 
 This module only parses arguments, so the command line works (and ``--help``
 prints) without the ``mcp`` extra; the SDK is imported when the command runs.
+
+Exit status, as every command's: 0 stopped (the MCP client closed stdio, or
+SIGINT/SIGTERM); 1 it failed: a wrapped server or the runner could not be
+started or reached, or the HTTP port cannot be bound; 2 a usage or
+configuration error: a bad flag or value, a config file that is missing or
+invalid, the ``mcp`` extra not installed. A runner that fails one execution
+(unreachable, refusing it) is that ``execute_code`` call's error, not an exit.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from functools import partial
@@ -15,40 +21,93 @@ from functools import partial
 import anyio
 
 from ..client import Runner, RunnerError
-from ..client.cli import TOKEN_ENV
+from ..client.cli import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    HelpFormatter,
+    count,
+    exit_statuses,
+    milliseconds,
+    port,
+    seconds,
+)
+from ..client.environment import TOKEN_ENV, URL_ENV, from_environment
 from ..client.runner import DEFAULT_LIMITS
 from .config import load_servers
 
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+PROG = "execbox-runner mcp"
 
 
 def add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "mcp", help="serve an MCP server with search_tools and execute_code over the MCP servers of a config file"
+        "mcp",
+        help="serve an MCP server with search_tools and execute_code over the MCP servers of a config file",
+        description="Serve code mode to MCP clients: two tools, search_tools and execute_code, over the tools of the"
+        " MCP servers in --config. Guest code runs on a runner (a private local one by default), never here.",
+        formatter_class=HelpFormatter,
+        epilog=exit_statuses(
+            failure="a wrapped server or the runner could not be started or reached, or the port cannot be bound",
+            usage="a bad flag or value, a missing or invalid --config, the mcp extra not installed",
+            ok="stopped (stdio closed, SIGINT or SIGTERM)",
+        )
+        + """
+
+examples:
+  execbox-runner mcp --config servers.json                       over stdio, for an MCP client to start
+  execbox-runner mcp --config servers.json --transport http --port 8000
+  (servers.json: {"mcpServers": {"files": {"command": "npx", "args": ["-y", "server-files", "."]}}})""",
     )
     parser.add_argument(
         "--config",
         required=True,
+        metavar="FILE",
         help='the wrapped servers, {"mcpServers": {"name": {"command": ...} or {"url": ...}}}',
     )
-    parser.add_argument("--url", help="a running runner, ws://HOST:PORT/ or wss://... (default: start a local one)")
-    parser.add_argument(
-        "--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token for --url (default: ${TOKEN_ENV})"
+    runner = parser.add_argument_group("Runner")
+    runner.add_argument(
+        "--url",
+        help=f"a running runner, ws://HOST:PORT/ or wss://... (default: ${URL_ENV}, else a private local runner)",
     )
-    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="how MCP clients connect")
-    parser.add_argument("--host", default="127.0.0.1", help="address for --transport http")
-    parser.add_argument("--port", type=int, default=8000, help="port for --transport http (the endpoint is /mcp)")
-    parser.add_argument("--timeout-ms", type=float, default=10_000, help="each execution's time budget")
-    parser.add_argument(
-        "--memory-limit-bytes", type=int, default=DEFAULT_LIMITS["memory_limit_bytes"], help="each execution's heap"
+    runner.add_argument("--token", help=f"bearer token for --url (default: ${TOKEN_ENV})")
+    serving = parser.add_argument_group("Serving MCP clients")
+    serving.add_argument(
+        "--transport", choices=("stdio", "http"), default="stdio", help="how MCP clients connect (default: %(default)s)"
     )
-    parser.add_argument("--max-tool-calls", type=int, default=100, help="tool calls allowed per execution")
-    parser.add_argument(
-        "--max-result-chars", type=int, default=20_000, help="longest result (and logs) returned to the MCP client"
+    serving.add_argument("--host", default="127.0.0.1", help="address for --transport http (default: %(default)s)")
+    serving.add_argument(
+        "--port",
+        type=port,
+        default=8000,
+        help="port for --transport http, whose endpoint is /mcp; 0 picks a free port (default: %(default)s)",
     )
-    parser.add_argument(
-        "--startup-timeout", type=float, default=30.0, help="seconds each wrapped server has to start and list tools"
+    serving.add_argument(
+        "--startup-timeout",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds each wrapped server has to start and list its tools (default: %(default)g)",
+    )
+    limits = parser.add_argument_group("Limits of each execute_code call")
+    limits.add_argument(
+        "--timeout-ms", type=milliseconds, default=10_000, metavar="MS", help="time budget (default: %(default)g)"
+    )
+    limits.add_argument(
+        "--memory-limit-bytes",
+        type=count,
+        default=DEFAULT_LIMITS["memory_limit_bytes"],
+        metavar="BYTES",
+        help="guest heap (default: %(default)s)",
+    )
+    limits.add_argument(
+        "--max-tool-calls", type=count, default=100, metavar="N", help="tool calls allowed (default: %(default)s)"
+    )
+    limits.add_argument(
+        "--max-result-chars",
+        type=count,
+        default=20_000,
+        metavar="N",
+        help="longest result (and logs) returned to the MCP client (default: %(default)s)",
     )
 
 
@@ -56,20 +115,18 @@ def run_mcp(args: argparse.Namespace) -> int:
     try:
         servers = load_servers(args.config)
     except ValueError as exc:
-        print(f"execbox-runner mcp: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:  # imported here: the `mcp` SDK is an optional extra, needed by this command only
         from .codemode import Bounds  # noqa: PLC0415
         from .server import serve  # noqa: PLC0415
     except ImportError as exc:
-        print(f"execbox-runner mcp: {exc}; install it with: pip install 'execbox-runner[mcp]'", file=sys.stderr)
+        print(f"{PROG}: {exc}; install it with: pip install 'execbox-runner[mcp]'", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        bounds = Bounds(args.timeout_ms, args.memory_limit_bytes, args.max_tool_calls, args.max_result_chars)
-    except ValueError as exc:
-        print(f"execbox-runner mcp: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    runner = Runner.connect(args.url, token=args.token) if args.url else Runner.local()
+    bounds = Bounds(args.timeout_ms, args.memory_limit_bytes, args.max_tool_calls, args.max_result_chars)
+    url = args.url or from_environment(URL_ENV, PROG)
+    token = args.token or from_environment(TOKEN_ENV, PROG)
+    runner = Runner.connect(url, token=token) if url else Runner.local()
     main = partial(
         serve,
         servers,
@@ -83,14 +140,16 @@ def run_mcp(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so leaving `serve` stops the local runner and the stdio servers
     # (uvicorn hands the signal back once it has shut down).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    failure: Exception | None = None
+    failure: Exception | str | None = None
     try:
         anyio.run(main)
     except* KeyboardInterrupt:
         pass
     except* (ConnectionError, RunnerError) as group:  # task groups of the SDK may wrap them
         failure = group.exceptions[0]
+    except* SystemExit:  # uvicorn's, when it cannot start (it has logged why): not its status 3
+        failure = f"cannot serve MCP clients on http://{args.host}:{args.port}/mcp"
     if failure is not None:
-        print(f"execbox-runner mcp: {failure}", file=sys.stderr)
+        print(f"{PROG}: {failure}", file=sys.stderr)
         return EXIT_FAILURE
-    return 0
+    return EXIT_OK

@@ -1,0 +1,381 @@
+"""The command line as a user meets it: what each command takes, says and exits with.
+
+Every command follows one scheme of exit statuses: 0 ok; 1 the execution or the
+run failed (a guest error, a runner that could not be reached or went away, a
+port that cannot be bound, a difference); 2 a usage or configuration error (a
+bad flag or value, a missing file, a runner that refused the request as
+invalid). Each case runs the real command in a subprocess, against a real daemon
+where one is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from execbox_runner.client.cli import is_javascript, looks_like_a_path, read_code
+from execbox_runner.daemon import config, server
+
+from .daemonkit import Daemon, certificate, running_daemon, stop
+from .test_deploy import free_port
+from .test_examples import first_line
+
+REPO = Path(__file__).resolve().parent.parent
+TRANSCRIPT = REPO / "transcripts" / "code-last-expression.jsonl"
+TOKEN = "cli-token"
+CLIENT_VARIABLES = ("EXECBOX_URL", "EXECBOX_TOKEN", "EXECBOX_CONFORMANCE_TOKEN")
+
+
+def run(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``execbox-runner ARGV`` with none of this environment's runner variables."""
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(config.ENV_PREFIX) and name not in CLIENT_VARIABLES
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "execbox_runner", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**environment, **(env or {})},
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str], status: int, expected: str) -> None:
+    """The command exited with ``status`` and said why in one line on stderr, and nothing on stdout."""
+    assert result.returncode == status, result.stderr
+    assert result.stdout == "", result.stdout
+    assert result.stderr.count("\n") == 1 and expected in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon("--tokens", TOKEN, "--max-timeout-ms", "60000") as started:
+        yield started
+
+
+# ---------------------------------------------------------------- exec: code or file
+
+
+@pytest.mark.parametrize(
+    ("argument", "path"),
+    [
+        ("./does-not-exist.js", True),
+        ("guest.mjs", True),
+        ("lib/x.cjs", True),
+        ("types.ts", True),
+        ("../up/guest", True),
+        ("/tmp/no-such-guest", True),  # a regex /tmp/ with the flags no-such-guest would be no JavaScript
+        ("/usr/bin/env", True),
+        ("~/guest", True),
+        ("~/bin/script", True),
+        ('/x/.test("x")', False),  # a regex, called
+        ("/a/g", False),  # a regex with a flag JavaScript has
+        ("6 * 7", False),
+        ("x.length", False),
+        ("await f('a.js')", False),  # more than one word
+        ("-", False),
+    ],
+)
+def test_when_code_or_file_is_taken_for_a_path(argument: str, path: bool) -> None:
+    assert looks_like_a_path(argument) is path
+
+
+def test_is_javascript_checks_regular_expression_flags() -> None:
+    assert is_javascript("/x/gimsuy") and is_javascript("/x/dv")
+    assert not is_javascript("/x/gg") and not is_javascript("/x/uv") and not is_javascript("/tmp/x")
+
+
+def test_an_existing_file_is_read_whatever_its_name(tmp_path: Path) -> None:
+    odd = tmp_path / "no suffix, spaces"
+    odd.write_text("6 * 7")
+    assert read_code(str(odd)) == "6 * 7"
+
+
+def test_a_missing_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    one_line(
+        run("exec", "./does-not-exist.js", cwd=tmp_path),
+        2,
+        "execbox-runner exec: cannot read ./does-not-exist.js: No such file or directory",
+    )
+    one_line(run("exec", str(tmp_path)), 2, f"cannot read {tmp_path}: Is a directory")
+
+
+def test_code_that_looks_like_a_path_but_is_javascript_runs(daemon: Daemon) -> None:
+    done = run("exec", '/x/.test("x")', "--url", daemon.url, "--token", TOKEN)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "true\n", "")
+
+
+def test_a_file_and_stdin(daemon: Daemon, tmp_path: Path) -> None:
+    (tmp_path / "guest.js").write_text("console.log('from a file'); 6 * 7\n")
+    done = run("exec", "./guest.js", "--url", daemon.url, "--token", TOKEN, cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "42\n", "from a file\n")
+    piped = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "exec", "-", "--url", daemon.url, "--token", TOKEN],
+        input="[1, 2].length",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (piped.returncode, piped.stdout) == (0, "2\n")
+
+
+# ---------------------------------------------------------------- exec: values and exit statuses
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--timeout-ms", "0"], "argument --timeout-ms: must be a number of milliseconds > 0"),
+        (["--timeout-ms", "-5"], "must be a number of milliseconds > 0"),
+        (["--timeout-ms", "soon"], "must be a number of milliseconds > 0"),
+        (["--timeout-ms", "nan"], "must be a number of milliseconds > 0"),
+        (["--timeout-ms", "1e300"], "and <= 9007199254740991"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--url", "http://127.0.0.1:1/"], "not a ws:// or wss:// URL"),
+    ],
+)
+def test_a_bad_value_is_one_line_and_exit_2(args: list[str], expected: str) -> None:
+    one_line(run("exec", "1", *args), 2, expected)
+
+
+def test_limits_the_runner_refuses_are_a_usage_error_with_its_message(daemon: Daemon) -> None:
+    one_line(
+        run("exec", "1", "--timeout-ms", "999999999", "--url", daemon.url, "--token", TOKEN),
+        2,
+        "execbox-runner exec: the runner refused the execution (validation_error): "
+        "timeoutMs 1e+09 exceeds this runner's maximum of 60000",
+    )
+
+
+def test_exit_statuses_of_exec(daemon: Daemon) -> None:
+    connect = ("--url", daemon.url, "--token", TOKEN)
+    ok = run("exec", "console.log('hi'); ({a: 1})", *connect)
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, '{"a": 1}\n', "hi\n")
+    guest = run("exec", "throw new Error('no')", *connect)
+    assert (guest.returncode, guest.stdout, guest.stderr) == (1, "", "error: runtime_error: no\n")
+    timeout = run("exec", "while (true) {}", "--timeout-ms", "100", *connect)
+    assert timeout.returncode == 1 and timeout.stderr.startswith("error: timeout: ")
+    one_line(
+        run("exec", "1", "--url", daemon.url, "--token", "wrong"), 2, "refused the WebSocket handshake with HTTP 401"
+    )
+    unreachable = f"ws://127.0.0.1:{free_port()}/"
+    one_line(run("exec", "1", "--url", unreachable), 1, f"cannot connect to {unreachable}: connection refused")
+
+
+def test_a_wss_url_to_a_plain_runner_names_the_reason(daemon: Daemon) -> None:
+    secure = daemon.url.replace("ws://", "wss://")
+    one_line(
+        run("exec", "1", "--url", secure, "--token", TOKEN),
+        1,
+        f"cannot connect to {secure}: TLS handshake failed: ",
+    )
+    assert "(is the runner serving plain ws://?)" in run("exec", "1", "--url", secure).stderr
+
+
+# ---------------------------------------------------------------- environment variables
+
+
+def test_clients_read_execbox_runner_url_and_token(daemon: Daemon) -> None:
+    done = run("exec", "6 * 7", env={"EXECBOX_RUNNER_URL": daemon.url, "EXECBOX_RUNNER_TOKEN": TOKEN})
+    assert (done.returncode, done.stdout, done.stderr) == (0, "42\n", "")
+    wrong = {"EXECBOX_RUNNER_URL": daemon.url, "EXECBOX_RUNNER_TOKEN": "wrong"}
+    one_line(run("exec", "1", env=wrong), 2, f"{daemon.url} refused the WebSocket handshake with HTTP 401")
+    flags_win = run("exec", "1", "--token", TOKEN, env=wrong)
+    assert flags_win.returncode == 0, flags_win.stderr
+
+
+def test_the_old_names_are_read_with_a_warning_naming_the_new_one(daemon: Daemon) -> None:
+    done = run("exec", "6 * 7", env={"EXECBOX_URL": daemon.url, "EXECBOX_TOKEN": TOKEN})
+    assert (done.returncode, done.stdout) == (0, "42\n")
+    assert done.stderr.splitlines() == [
+        "execbox-runner exec: warning: EXECBOX_URL is deprecated; set EXECBOX_RUNNER_URL instead",
+        "execbox-runner exec: warning: EXECBOX_TOKEN is deprecated; set EXECBOX_RUNNER_TOKEN instead",
+    ]
+    new_wins = run("exec", "1", env={"EXECBOX_RUNNER_URL": daemon.url, "EXECBOX_URL": "ws://127.0.0.1:1/"})
+    assert "EXECBOX_URL" not in new_wins.stderr
+
+
+# ---------------------------------------------------------------- replay
+
+
+def test_exit_statuses_of_replay(daemon: Daemon, tmp_path: Path) -> None:
+    passed = run("replay", str(TRANSCRIPT), env={"EXECBOX_RUNNER_URL": daemon.url, "EXECBOX_RUNNER_TOKEN": TOKEN})
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert passed.stdout.splitlines()[-1] == "1 passed, 0 failed"
+    doctored = tmp_path / "doctored.jsonl"
+    doctored.write_text(TRANSCRIPT.read_text().replace('"result": 42', '"result": 43'))
+    differs = run("replay", str(doctored), "--url", daemon.url, "--token", TOKEN)
+    assert differs.returncode == 1 and "0 passed, 1 failed" in differs.stdout
+    one_line(run("replay", str(tmp_path / "missing.jsonl"), "--url", daemon.url), 2, "missing.jsonl")
+    one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url), 2, "refused the WebSocket handshake with HTTP 401")
+    one_line(run("replay", str(TRANSCRIPT)), 2, "give the runner's URL: --url or $EXECBOX_RUNNER_URL")
+    one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url, "--timeout", "0"), 2, "must be a number of seconds")
+    unreachable = f"ws://127.0.0.1:{free_port()}/"
+    one_line(run("replay", str(TRANSCRIPT), "--url", unreachable), 1, "connection refused")
+
+
+# ---------------------------------------------------------------- mcp
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--port", "70000"], "argument --port: must be a port number 0-65535, not '70000'"),
+        (["--timeout-ms", "0"], "argument --timeout-ms: must be a number of milliseconds > 0"),
+        (["--memory-limit-bytes", "1.5"], "argument --memory-limit-bytes: must be an integer > 0"),
+        (["--max-tool-calls", "0"], "argument --max-tool-calls: must be an integer > 0"),
+        (["--max-result-chars", "-1"], "argument --max-result-chars: must be an integer > 0"),
+        (["--startup-timeout", "inf"], "argument --startup-timeout: must be a number of seconds > 0"),
+    ],
+)
+def test_mcp_checks_its_numbers_in_one_line(tmp_path: Path, args: list[str], expected: str) -> None:
+    servers = tmp_path / "servers.json"
+    servers.write_text('{"mcpServers": {}}')
+    one_line(run("mcp", "--config", str(servers), *args), 2, expected)
+
+
+def test_exit_statuses_of_mcp(tmp_path: Path) -> None:
+    one_line(run("mcp", "--config", str(tmp_path / "none.json")), 2, "cannot read")
+    failing = tmp_path / "failing.json"
+    failing.write_text(json.dumps({"mcpServers": {"x": {"command": str(tmp_path / "no-such-command")}}}))
+    one_line(run("mcp", "--config", str(failing), "--url", "ws://127.0.0.1:1/"), 1, "MCP server 'x' did not start")
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"mcpServers": {}}))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ("mcp", "--config", str(empty), "--url", "ws://127.0.0.1:1/", "--transport", "http", "--port", str(port))
+        done = run(*argv)
+    assert done.returncode == 1, done.stderr
+    assert (
+        done.stderr.splitlines()[-1] == f"execbox-runner mcp: cannot serve MCP clients on http://127.0.0.1:{port}/mcp"
+    )
+
+
+# ---------------------------------------------------------------- info and the start-up line
+
+
+def test_info_shows_the_limits_and_the_engine() -> None:
+    done = run("info", "--max-sessions", "12", "--max-workers", "3", "--memory-budget-bytes", str(3 << 30))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    engine = next(line for line in lines if line.startswith("engine: "))
+    assert engine.startswith("engine: quickjs-ng ")
+    assert engine.endswith(("(tuned build of deploy/quickjs/build.py)", "(stock wheel from PyPI)"))
+    for expected in (
+        "  max sessions           12",
+        "  max workers            3 (2 started ahead)",
+        "  worker capacity        2048 executions at once per worker",
+        "  max timeoutMs          300000 (300 s)",
+        "  max memoryLimitBytes   536870912 (512 MiB)",
+        "  memory budget          3.0 GiB",
+        "  max message            16 MiB",
+        "  max output             16 MiB",
+        "  timeouts               idle 60 s, handshake 10 s, send 10 s, close 2 s, drain grace 25 s",
+    ):
+        assert expected in lines, done.stdout
+    assert "  worker capacity        1 executions at once per worker" in run("info", "--profile", "hardened").stdout
+    report = json.loads(run("info", "--json").stdout)
+    assert report["engine"] == engine.removeprefix("engine: ")
+    assert report["limits"]["worker_capacity"] == 2048 and report["timeouts_s"]["idle"] == 60.0
+
+
+def test_the_start_up_lines_name_the_engine_and_the_listening_line_ends_with_the_url() -> None:
+    engine = json.loads(run("info", "--json").stdout)["engine"]
+    with running_daemon() as d:
+        (logged,) = [line for line in d.json_lines() if line["message"].startswith("execbox-runner ")]
+    assert logged["engine"] == engine and f"; engine {engine}; " in logged["message"]
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "execbox_runner", "serve", "--port", "0", "--processes", "1", "--log-level", "WARNING"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = first_line(serve)
+    finally:
+        stop(serve)
+        assert serve.stdout is not None
+        serve.stdout.close()
+    assert re.fullmatch(rf"execbox-runner with {re.escape(engine)} listening on ws://127\.0\.0\.1:\d+/\n", line), line
+
+
+# ---------------------------------------------------------------- help
+
+
+COMMANDS = ["serve", "info", "exec", "mcp", "replay"]
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_every_help_has_a_description_exit_statuses_and_no_raw_defaults(command: str | None) -> None:
+    done = run(*([command] if command else []), "--help")
+    assert done.returncode == 0 and done.stderr == ""
+    text = done.stdout
+    assert "\nexit status:\n  0  " in text and "\n  2  a usage or configuration error: " in text
+    for raw in ("default False", "default True", "default )", "default: )", "default: None"):
+        assert raw not in text
+
+
+def test_serve_help_groups_the_settings_with_real_defaults() -> None:
+    text = run("serve", "--help", env={"COLUMNS": "120"}).stdout
+    titles = [title for title, _ in config.GROUPS]
+    assert [text.index(f"\n{title}:\n") for title in titles] == sorted(text.index(f"\n{title}:\n") for title in titles)
+    assert text.splitlines()[0] == "usage: execbox-runner serve [--config FILE] [--SETTING VALUE ...]"
+    flat = " ".join(text.split())
+    for fact in (
+        "a boolean: true/1/yes/false/0/no; default: true; env EXECBOX_RUNNER_SANDBOX",
+        "default: false; env EXECBOX_RUNNER_ALLOW_UNAUTHENTICATED",
+        "default: none; env EXECBOX_RUNNER_TOKENS_FILE",
+        "default: the usable cores, 2 to 8; env EXECBOX_RUNNER_WARM_WORKERS",
+        "default: 16777216 (16 MiB); env EXECBOX_RUNNER_MAX_MESSAGE_BYTES",
+        "default: 300000 (300 s); env EXECBOX_RUNNER_MAX_TIMEOUT_MS",
+        "default: 0.01 s; env EXECBOX_RUNNER_CANCEL_GRACE",
+    ):
+        assert fact in flat, fact
+
+
+def test_every_setting_is_in_exactly_one_group_and_has_a_default_text() -> None:
+    grouped = [name for _, names in config.GROUPS for name in names]
+    assert sorted(grouped) == sorted(config.HELP) and len(grouped) == len(set(grouped))
+    assert (config.default_text("sandbox"), config.default_text("log_guest_code")) == ("true", "false")
+    assert (config.default_text("certfile"), config.default_text("allowed_origins")) == ("none", "empty (any Origin)")
+    assert config.default_text("max_memory_limit_bytes") == "536870912 (512 MiB)"
+    assert (config.default_text("port"), config.default_text("idle_timeout")) == ("8765", "60 s")
+
+
+# ---------------------------------------------------------------- TLS reasons of the command line
+
+
+def test_a_ws_url_to_a_tls_runner_names_the_reason(tmp_path: Path) -> None:
+    certfile, keyfile, _ = certificate(tmp_path)
+    with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as d:
+        plain = d.url.replace("wss://", "ws://")
+        one_line(
+            run("exec", "1", "--url", plain),
+            1,
+            "closed the connection during the handshake (is the runner serving wss://?)",
+        )
+        one_line(run("exec", "1", "--url", d.url), 1, "TLS certificate verification failed: ")
+
+
+def test_the_engine_is_named_by_its_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server.native, "NATIVE_BUDGET", False)
+    monkeypatch.setattr(server.importlib.metadata, "version", lambda name: "0.17.0.2")
+    assert server.engine() == "quickjs-ng 0.17.0.2 (stock wheel from PyPI)"
+    monkeypatch.setattr(server.native, "NATIVE_BUDGET", True)
+    monkeypatch.setattr(server.importlib.metadata, "version", lambda name: "0.17.0.2+arena2048.budget.clock")
+    assert server.engine() == "quickjs-ng 0.17.0.2+arena2048.budget.clock (tuned build of deploy/quickjs/build.py)"
