@@ -1,4 +1,5 @@
-"""The JSON log line: one object per record with its extra fields, whatever text or values they hold."""
+"""The log lines: in JSON one object per record with its extra fields, whatever text or values they hold;
+in text mode an execution's fields after its message."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from hypothesis import strategies as st
 from execbox_runner.daemon import logs
 from execbox_runner.daemon.logs import JsonFormatter, LineWriter, _whole_lines
 from execbox_runner.protocol.session import ExecutionEnded
+
+from .daemonkit import client, run_to_done, running_daemon
 
 
 def _line(message: str, *args: object, **extra: object) -> dict[str, object]:
@@ -280,3 +283,32 @@ def test_writes_to_a_pipe_hold_whole_lines_of_at_most_pipe_buf_bytes(lengths: li
         assert len(chunk) <= select.PIPE_BUF or chunk.count(b"\n") <= 1  # a longer line, alone
         if not is_last:  # as many lines as fit: the next one would not have
             assert len(chunk) + writes[index + 1].find(b"\n") + 1 > select.PIPE_BUF or b"\n" not in writes[index + 1]
+
+
+def test_text_lines_of_executions_carry_their_fields_on_one_line() -> None:
+    """In text mode an execution's line says as much as its JSON line: id, outcome, error code,
+    duration, tool calls, peer, correlation id (quoted where it holds a space), over a real daemon."""
+    with running_daemon("--log-format", "text", "--log-guest-code", "true") as d:
+        with client(d.url, additional_headers={"X-Request-Id": "order 42"}) as ws:
+            run_to_done(ws, "text-ok", "await tools.echo({})")
+        with client(d.url) as ws:
+            run_to_done(ws, "text-error", "throw new Error('x')\n// two lines")
+        lines = d.log_lines(lambda lines: sum("execbox_runner.executions: " in line for line in lines) == 2)
+    ok, error = (line for line in lines if "execbox_runner.executions: " in line)
+    pattern = (
+        r"\S+ \S+ INFO execbox_runner\.executions: execution ok execution_id=text-ok duration_ms=[\d.]+"
+        r' tool_calls=1 peer=127\.0\.0\.1:\d+ correlation_id="order 42" guest_code="await tools\.echo\(\{\}\)"'
+    )
+    assert re.fullmatch(pattern, ok), ok
+    pattern = (
+        r"\S+ \S+ INFO execbox_runner\.executions: execution error execution_id=text-error error_code=runtime_error"
+        r" duration_ms=[\d.]+ tool_calls=0 peer=127\.0\.0\.1:\d+ correlation_id=[0-9a-f]{32}"
+        r' guest_code="throw new Error\(\'x\'\)\\n// two lines"'
+    )
+    assert re.fullmatch(pattern, error), error
+
+
+def test_text_lines_of_other_records_are_unchanged() -> None:
+    record = logging.LogRecord("execbox_runner.daemon.server", logging.INFO, __file__, 1, "hello %s", ("x",), None)
+    record.__dict__["shard"] = "0/2"
+    assert logs.TextFormatter().format(record).endswith(" INFO execbox_runner.daemon.server: hello x")

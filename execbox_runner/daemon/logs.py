@@ -2,7 +2,8 @@
 
 Execution lines carry the id, outcome, error code, duration, tool-call count,
 peer and the session's correlation id, and the codes of failing tool results
-that were outside the stable set (the guest saw them as ``tool_error``). Guest
+that were outside the stable set (the guest saw them as ``tool_error``): as
+fields of the JSON object, or as ``key=value`` after the message in text mode. Guest
 code is never logged unless the operator asks for it (``--log-guest-code``);
 tool inputs and results are never logged.
 
@@ -40,6 +41,7 @@ _STANDARD_FIELDS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", Non
 # W3C Trace Context: version-traceid-parentid-flags, and more fields after them in later versions.
 _TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?")
 _REQUEST_ID: Final = re.compile(r"[ -~]{1,128}")  # printable ASCII, bounded
+_BARE_VALUE: Final = re.compile(r"[!#-<>-~]+")  # printable ASCII but space, quote and =: unquoted in text lines
 _encoder: Final = msgspec.json.Encoder(enc_hook=str)
 
 
@@ -77,6 +79,29 @@ class JsonFormatter(logging.Formatter):
             return _encoder.encode(line).decode()
         except UnicodeEncodeError:  # a lone surrogate (guest code, a host's message): escaped
             return json.dumps(line, default=str, separators=(",", ":"))
+
+
+class TextFormatter(logging.Formatter):
+    """A record as one human-readable line: time, level, logger, message; an execution's line then
+    carries its fields as ``key=value`` (the execution id first), so that text mode says as much
+    about each execution as JSON mode, on one line. A value with spaces, quotes, ``=`` or line
+    breaks (a request id, guest code) is quoted as a JSON string."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        if record.name != EXECUTIONS.name:
+            return line
+        fields = {key: value for key, value in vars(record).items() if key not in _STANDARD_FIELDS}
+        fields.pop("outcome", None)  # the message says it
+        return line + "".join(f" {key}={_text_value(value)}" for key, value in fields.items() if value is not None)
+
+
+def _text_value(value: object) -> str:
+    text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if text and _BARE_VALUE.fullmatch(text) else json.dumps(text)
 
 
 class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
@@ -235,9 +260,7 @@ def configure(level: str, json_lines: bool) -> None:
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging._srcfile = None  # the documented switch for caller lookup
     handler = LineWriter()
-    handler.setFormatter(
-        JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
