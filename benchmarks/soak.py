@@ -410,7 +410,7 @@ def disconnect(s: Session, host: Host) -> None:
 IDLE_FRAMES: Final[dict[str, tuple[bytes, int]]] = {
     "invalid_json": (b'{"type": "execute", "id": ', 1007),
     "invalid_utf8": (b'{"type":"cancel","id":"\xff\xfe"}', 1007),
-    "deep_json": (b"[" * 20_000 + b"]" * 20_000, 1009),
+    "deep_json": (b"[" * 20_000 + b"]" * 20_000, 1008),
     "unknown_type": (b'{"type":"bogus","id":"x"}', 1008),
     "not_an_object": (b"[1, 2, 3]", 1008),
     "malformed_cancel": (b'{"type":"cancel","id":5}', 1008),
@@ -421,13 +421,13 @@ ACTIVE_FRAMES: Final[dict[str, tuple[bytes, int]]] = {
     "malformed_tool_result": (b'{"type":"tool_result","callId":7,"ok":true}', 1008),
     "deep_tool_result": (
         b'{"type":"tool_result","callId":"call-1","ok":true,"result":' + IDLE_FRAMES["deep_json"][0] + b"}",
-        1009,
+        1008,
     ),
 }
 INVALID_EXECUTES: Final[dict[str, bytes]] = {
     "code_not_string": b'{"type":"execute","id":"%s","code":5,"options":%s,"providers":[]}',
     "timeout_infinite": b'{"type":"execute","id":"%s","code":"1","options":%s,"providers":[]}',
-    "max_log_lines_2_64": b'{"type":"execute","id":"%s","code":"1","options":%s,"providers":[]}',
+    "max_log_lines_negative": b'{"type":"execute","id":"%s","code":"1","options":%s,"providers":[]}',
     "timeout_over_max": b'{"type":"execute","id":"%s","code":"1","options":%s,"providers":[]}',
     "no_providers": b'{"type":"execute","id":"%s","code":"1","options":%s}',
 }
@@ -438,7 +438,7 @@ def invalid_options(variant: str) -> bytes:
     options = {k: str(v).encode() for k, v in OPTIONS.items()}
     options |= {
         "timeout_infinite": {"timeoutMs": b"1e400"},
-        "max_log_lines_2_64": {"maxLogLines": str(2**64).encode()},
+        "max_log_lines_negative": {"maxLogLines": b"-1"},
         "timeout_over_max": {"timeoutMs": b"600000"},
     }.get(variant, {})
     return b"{" + b",".join(b'"' + k.encode() + b'":' + v for k, v in options.items()) + b"}"

@@ -1,8 +1,10 @@
-"""Hostile host frames (issue 11, section 1): every frame gets a ``done`` or a
-documented close, at every session state; never an exception, never a bare close.
+"""Hostile host frames: every frame gets a ``done`` or a documented close, at every
+session state; never an exception, never a bare close. A second ``execute`` while
+one runs, however its fields are mangled, gets its own ``done`` and leaves the
+running execution alone.
 
-A property test drives the Sans-I/O session with generated frames; a smaller
-one, and the regressions found by the red team, run over a real daemon.
+Property tests drive the Sans-I/O session with generated frames; smaller ones,
+and the regressions found by the red team, run over a real daemon.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ json_texts = st.recursive(
     ),
     max_leaves=8,
 )
-any_value = json_texts | st.builds(nested, st.sampled_from([50, 1_200, 9_999, 10_001, DEEP]), json_texts) | invalid_utf8
+json_values = json_texts | st.builds(nested, st.sampled_from([50, 1_200, 9_999, 10_001, DEEP]), json_texts)
+any_value = json_values | invalid_utf8
 
 
 @st.composite
@@ -92,6 +95,40 @@ def frames(draw: st.DrawFn) -> bytes:
         fields[name] = draw(any_value)
     frame = obj(fields)
     return draw(st.sampled_from([frame, frame[:-1], frame + b"x"])) if draw(st.integers(0, 9)) == 0 else frame
+
+
+# Ids a second execute may carry: well-formed strings other than the running execution's ("e1").
+other_ids = st.sampled_from(["e2", "", "e1 ", "E1", "é", "\u0000", "x" * 300]) | st.text(max_size=8).filter(
+    lambda text: text != "e1"
+)
+
+
+@st.composite
+def second_executes(draw: st.DrawFn) -> tuple[str, bytes]:
+    """An ``execute`` with an id of its own, whose other fields may each be replaced (by any JSON,
+    nested up to 100,000 deep, with lone surrogates, 1e400), dropped, or added to; the options'
+    fields too. Text that is not UTF-8 is left out: that is a broken frame, not an execute
+    (close 1007, as any other)."""
+    exec_id = draw(other_ids)
+    options = {name: json.dumps(value).encode() for name, value in OPTIONS.items()}
+    for name in draw(st.lists(st.sampled_from(sorted(OPTIONS)), max_size=4)):
+        if draw(st.booleans()):
+            options[name] = draw(json_values)
+        else:
+            options.pop(name, None)
+    fields: dict[str, bytes] = {
+        "type": b'"execute"',
+        "id": json.dumps(exec_id).encode(),
+        "code": draw(st.sampled_from([b'"1"', b'"await tools.hang()"', b'"\\ud83d"'])),
+        "options": obj(options),
+        "providers": json.dumps(PROVIDERS).encode(),
+    }
+    for name in draw(st.lists(st.sampled_from(["code", "options", "providers", "x"]), max_size=3)):
+        if draw(st.booleans()):
+            fields[name] = draw(json_values)
+        else:
+            fields.pop(name, None)
+    return exec_id, obj(fields)
 
 
 # ---------------------------------------------------------------- the Sans-I/O invariant
@@ -159,6 +196,33 @@ def test_any_frame_at_any_state_gets_one_done_then_a_usable_session_or_a_documen
     check_frame(state, frame)
 
 
+def check_second_execute(state: str, second: str, frame: bytes) -> None:
+    """The specification's rule: a second ``execute`` (id ``second``) while one is active gets its own
+    terminal ``done`` (``internal_error``); the active execution goes on and ends with exactly one ``done``."""
+    session = session_in(state)
+    actions = session.receive_text(frame, 0.1)
+    assert not [a for a in actions if isinstance(a, CloseTransport | StartRun | SendToWorker)], actions
+    answers = [json.loads(a.data) for a in actions if isinstance(a, SendToHost)]
+    assert [(m["type"], m["id"], m["error"]["code"]) for m in answers] == [("done", second, "internal_error")]
+    assert session.execution_id == "e1" and session.phase is Phase.RUNNING
+    ended: list[Any] = []
+    if state == "awaiting_tool":  # its tool call is still answered
+        settled = session.receive_text(b'{"type":"tool_result","callId":"call-1","ok":true,"result":2}', 0.2)
+        assert [a.message.call_id for a in settled if isinstance(a, SendToWorker)] == [1]
+    ended += session.worker_finished(ipc.Finished(ok=True, result=b"3", code=None, message="", logs=["x"]), 0.3)
+    assert dones(ended, "e1") == 1 and session.execution_id is None
+    (done,) = [json.loads(a.data) for a in ended if isinstance(a, SendToHost)]
+    assert (done["ok"], done["result"], done["logs"]) == (True, 3, ["x"])
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.sampled_from(["running", "awaiting_tool"]), second_executes())
+def test_a_second_execute_with_any_fields_gets_its_own_done_and_the_active_one_goes_on(
+    state: str, second: tuple[str, bytes]
+) -> None:
+    check_second_execute(state, *second)
+
+
 @pytest.mark.parametrize("state", STATES)
 @pytest.mark.parametrize(
     "frame",
@@ -218,10 +282,9 @@ def answer_to(ws: ClientConnection, frame: bytes) -> tuple[list[dict[str, Any]],
 @pytest.mark.parametrize(
     ("frame", "close"),
     [
-        (nested(DEEP, b""), 1009),
-        (b'{"type":"cancel","id":' + nested(DEEP, b"") + b"}", 1009),
-        (b'{"type":"execute","id":"e2","code":"1","options":' + nested(DEEP, b"") + b',"providers":[]}', 1009),
-        (b'{"type":"tool_result","callId":"call-1","ok":true,"result":' + nested(DEEP, b"") + b"}", 1009),
+        (nested(DEEP, b""), 1008),
+        (b'{"type":"cancel","id":' + nested(DEEP, b"") + b"}", 1008),
+        (b'{"type":"tool_result","callId":"call-1","ok":true,"result":' + nested(DEEP, b"") + b"}", 1008),
         (b'{"type":{}}', 1008),
         (b'{"type":[null,1]}', 1008),
         (b'{"type":"cancel","id":"\xff"}', 1007),
@@ -236,16 +299,42 @@ def test_a_hostile_frame_mid_execution_gets_done_then_a_close(daemon: Daemon, fr
         assert run_to_done(other, "x", "1 + 1")["result"] == 2
 
 
-def test_a_broken_second_execute_gets_its_own_done(daemon: Daemon) -> None:
+def test_json_nested_100000_deep_on_an_idle_session_is_a_policy_close(daemon: Daemon) -> None:
+    """Within the size limit, too deep is a bad message (1008), not a message too big (1009)."""
+    with client(daemon.url) as ws:
+        messages, code = answer_to(ws, nested(DEEP, b""))
+    assert (messages, code) == ([], 1008)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b'{"type":"execute","id":"e2","code":1,"x":1e400}',
+        b'{"type":"execute","id":"e2","code":"1","options":' + nested(DEEP, b"") + b',"providers":[]}',
+        b'{"type":"execute","id":"e2","code":"1","options":{},"providers":[],"x":' + nested(20_000, b"1") + b"}",
+    ],
+)
+def test_a_broken_second_execute_gets_its_own_done(daemon: Daemon, frame: bytes) -> None:
     with awaiting_hang(daemon) as ws:
-        messages, code = answer_to(ws, b'{"type":"execute","id":"e2","code":1,"x":1e400}')
+        messages, code = answer_to(ws, frame)
         assert code is None
         assert [(m["type"], m["id"], m["error"]["code"]) for m in messages] == [("done", "e2", "internal_error")]
         ws.send(json.dumps({"type": "tool_result", "callId": "call-1", "ok": True, "result": 7}))
         assert receive(ws)["result"] == 7
 
 
-@pytest.mark.parametrize("options", [{"timeoutMs": 1e400}, {"maxLogLines": 2**64}])
+def test_an_execute_nested_too_deeply_gets_a_validation_error_done(daemon: Daemon) -> None:
+    frame = b'{"type":"execute","id":"e1","code":"1","options":' + nested(DEEP, b"") + b',"providers":[]}'
+    with client(daemon.url) as ws:
+        messages, code = answer_to(ws, frame)
+        assert code is None
+        (done,) = messages
+        assert (done["id"], done["error"]["code"]) == ("e1", "validation_error")
+        assert "nested deeper than 10000 levels" in done["error"]["message"]
+        assert run_to_done(ws, "e2", "3")["result"] == 3
+
+
+@pytest.mark.parametrize("options", [{"timeoutMs": 1e400}, {"maxLogLines": -1}, {"maxLogChars": 1e400}])
 def test_limits_out_of_range_are_a_validation_error(daemon: Daemon, options: dict[str, Any]) -> None:
     frame = execute("e1", "1", **options).replace("Infinity", "1e400")
     with client(daemon.url) as ws:
@@ -253,6 +342,31 @@ def test_limits_out_of_range_are_a_validation_error(daemon: Daemon, options: dic
         done = receive(ws)
         assert (done["type"], done["error"]["code"]) == ("done", "validation_error")
         assert run_to_done(ws, "e2", "3")["result"] == 3
+
+
+@pytest.mark.parametrize(
+    "limit", ["4294967296", "9007199254740991", "9223372036854775808", "1e+21", "1.7976931348623157e+308"]
+)
+def test_any_log_limit_a_javascript_host_writes_works_as_the_largest_kept(daemon: Daemon, limit: str) -> None:
+    """Hosts pass huge limits (Number.MAX_SAFE_INTEGER and beyond) to mean "no limit": nothing is lost."""
+    code = "for (let i = 0; i < 3; i++) console.log('line', i); 7"
+    for options in ({"maxLogLines": 0}, {"maxLogChars": 0}, {"maxLogLines": 0, "maxLogChars": 0}):
+        frame = execute("e1", code, **options)
+        for name in options:
+            frame = frame.replace(f'"{name}": 0', f'"{name}": {limit}')
+        with client(daemon.url) as ws:
+            ws.send(frame)
+            assert receive(ws)["type"] == "started"
+            done = receive(ws)
+        assert (done["result"], done["logs"]) == (7, ["line 0", "line 1", "line 2"]), (limit, options)
+
+
+def test_a_fractional_log_limit_counts_whole_lines_and_characters(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        done = run_to_done(ws, "e1", "console.log('abc'); console.log('def'); console.log('g')", maxLogLines=2.9)
+        assert done["logs"] == ["abc", "def"]
+        done = run_to_done(ws, "e2", "console.log('abc'); console.log('def')", maxLogChars=4.5)
+        assert done["logs"] == ["abc", "d"]
 
 
 def test_a_tool_result_1200_deep_with_lone_surrogates_reaches_the_guest(daemon: Daemon) -> None:
@@ -294,6 +408,25 @@ def test_a_second_execute_with_the_active_id_ends_it(daemon: Daemon) -> None:
         ws.send(execute("e2", "5"))
         after = [receive(ws) for _ in range(2)]
         assert [(m["type"], m["id"], m.get("result")) for m in after] == [("started", "e2", None), ("done", "e2", 5)]
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
+@given(second=second_executes())
+def test_a_second_execute_over_a_socket_gets_its_own_done_and_the_active_one_goes_on(
+    daemon: Daemon, second: tuple[str, bytes]
+) -> None:
+    exec_id, frame = second
+    with awaiting_hang(daemon) as ws:
+        messages, code = answer_to(ws, frame)
+        assert code is None
+        assert [(m["type"], m["id"], m["error"]["code"]) for m in messages] == [("done", exec_id, "internal_error")]
+        ws.send(json.dumps({"type": "tool_result", "callId": "call-1", "ok": True, "result": 7}))
+        done = receive(ws)
+        assert (done["type"], done["id"], done["result"]) == ("done", "e1", 7)
 
 
 @settings(

@@ -300,6 +300,17 @@ def test_protocol_invariants_hold_under_random_message_orders(events: list[tuple
     assert len(settled) == len(set(settled))
 
 
+def test_log_limits_are_cut_to_whole_numbers_and_to_the_largest_kept() -> None:
+    session = Session(max_output_bytes=6000)
+    huge = {**OPTIONS, "maxLogLines": 2.0**64, "maxLogChars": 1e308}
+    run = next(a.run for a in session.receive_text(execute("huge", options=huge), 0.0) if isinstance(a, StartRun))
+    assert (run.max_log_lines, run.max_log_chars) == (1000, 1000)
+    session = Session()
+    small = {**OPTIONS, "maxLogLines": 2.9, "maxLogChars": 0.5}
+    run = next(a.run for a in session.receive_text(execute("small", options=small), 0.0) if isinstance(a, StartRun))
+    assert (run.max_log_lines, run.max_log_chars) == (2, 0)
+
+
 def test_limits_above_the_operators_maximum_are_refused() -> None:
     session = Session(max_timeout_ms=1000, max_memory_limit_bytes=1 << 20)
     (done,) = sent(

@@ -34,7 +34,10 @@ ERROR_CODES: Final[frozenset[str]] = frozenset(ErrorCode.__args__)  # type: igno
 # unbounded one (1e400 parses as infinity) would reach the worker as a budget.
 MAX_SAFE_INTEGER: Final = 2**53 - 1
 PositiveNumber = Annotated[float, Meta(gt=0, le=MAX_SAFE_INTEGER)]
-Count = Annotated[int, Meta(ge=0, le=MAX_SAFE_INTEGER)]
+# A log limit may be any finite number a JavaScript host can write (hosts pass
+# Number.MAX_SAFE_INTEGER or more to mean "no limit"): the session cuts it to a
+# whole number and to the largest this runner keeps.
+LogLimit = Annotated[float, Meta(ge=0)]
 
 
 class ToolFailure(Struct, frozen=True):
@@ -75,8 +78,8 @@ class RuntimeOptions(Struct, frozen=True):
 
     timeoutMs: PositiveNumber
     memoryLimitBytes: Annotated[int, Meta(gt=0, le=MAX_SAFE_INTEGER)]
-    maxLogLines: Count
-    maxLogChars: Count
+    maxLogLines: LogLimit
+    maxLogChars: LogLimit
 
 
 # ---------------------------------------------------------------- host -> runner
@@ -161,24 +164,23 @@ MAX_DEPTH: Final = 10_000
 
 
 class BadJSON(ValueError):
-    """Text that is not one JSON value the runner accepts: ``deep`` when it nests
-    deeper than ``MAX_DEPTH``, else not UTF-8 or not JSON."""
+    """Text that is not one JSON value the runner accepts: not UTF-8, not JSON, or
+    nested deeper than ``MAX_DEPTH``."""
 
-    def __init__(self, detail: str, *, deep: bool = False) -> None:
-        super().__init__(detail)
-        self.deep = deep
+
+TOO_DEEP: Final = f"JSON nested deeper than {MAX_DEPTH} levels"
 
 
 class BadMessage(Exception):
     """A frame that is not a valid host message, sorted for the answer it gets.
 
-    ``kind`` is ``"json"`` (not UTF-8 JSON at all), ``"deep"`` (JSON nested deeper
-    than ``MAX_DEPTH``), ``"type"`` (no known ``type``) or ``"schema"`` (a known
-    type with wrong fields). ``execute_id`` is the id of a malformed ``execute``
-    when one can still be read, so it can get a ``done``.
+    ``kind`` is ``"json"`` (not UTF-8 JSON at all), ``"type"`` (no known
+    ``type``) or ``"schema"`` (a known type with wrong fields, or nested deeper
+    than ``MAX_DEPTH``). ``execute_id`` is the id of a malformed ``execute`` when
+    one can still be read, so it can get a ``done``.
     """
 
-    def __init__(self, kind: Literal["json", "deep", "type", "schema"], detail: str, execute_id: str | None = None):
+    def __init__(self, kind: Literal["json", "type", "schema"], detail: str, execute_id: str | None = None):
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
@@ -204,16 +206,18 @@ def decode_host(data: bytes | str) -> HostMessage:
     except (msgspec.DecodeError, RecursionError, BadJSON):
         detail = None  # maybe valid all the same: the outline decides
     try:
-        members = _outline(raw)
+        members, deep = _outline(raw)
     except BadJSON as exc:
-        raise BadMessage("deep" if exc.deep else "json", str(exc)) from None
+        raise BadMessage("json", str(exc)) from None
     if members is None:
         raise BadMessage("type", "a message must be a JSON object")
     kind = _member_string(raw, members, "type")
     if kind not in _HOST_TYPES:
         shown = _clip(raw[slice(*members["type"])].decode()) if "type" in members else "none"
         raise BadMessage("type", f"unknown message type: {shown}")
-    if detail is None:
+    if deep:
+        detail = TOO_DEEP
+    elif detail is None:
         try:
             return _decode_members(raw, members)
         except (msgspec.ValidationError, RecursionError, UnicodeEncodeError) as exc:
@@ -286,15 +290,17 @@ _TOKEN: Final = re.compile(
 _SPACE: Final = re.compile(rb"[ \t\n\r]*+\Z")
 
 
-def _outline(data: bytes) -> dict[str, tuple[int, int]] | None:
-    """Check ``data`` is one JSON value at most ``MAX_DEPTH`` deep, without recursion.
+def _outline(data: bytes) -> tuple[dict[str, tuple[int, int]] | None, bool]:
+    """Check ``data`` is one JSON value, without recursion, at any depth.
 
     Returns the byte spans of the members of a top-level object (None for any
-    other value), so a caller can decode them one by one. Lone surrogate escapes
-    are JSON; invalid UTF-8 is not.
+    other value), so a caller can decode them one by one, and whether the value
+    nests deeper than ``MAX_DEPTH`` (its shallow members, such as an execute's
+    ``id``, can still be read). Lone surrogate escapes are JSON; invalid UTF-8 is not.
     """
     _check_utf8(data)
-    stack = bytearray()  # the open containers, b"[" or b"{"
+    deep = False
+    stack = bytearray()  # the open containers, b"[" or b"{" (at most one byte per byte of data)
     members: dict[str, tuple[int, int]] | None = None
     key, start = "", 0  # the top-level member being read
     want = "value"  # value, first (value or "]"), key, first_key (key or "}"), colon, next ("," or close)
@@ -309,8 +315,7 @@ def _outline(data: bytes) -> dict[str, tuple[int, int]] | None:
             if len(stack) == 1 and members is not None:
                 start = at
             if kind == "open":
-                if len(stack) == MAX_DEPTH:
-                    raise BadJSON(f"JSON nested deeper than {MAX_DEPTH} levels", deep=True)
+                deep = deep or len(stack) == MAX_DEPTH
                 stack += data[at : at + 1]
                 if len(stack) == 1 and stack[0] == ord("{"):
                     members = {}
@@ -339,7 +344,7 @@ def _outline(data: bytes) -> dict[str, tuple[int, int]] | None:
         want = "next" if stack else "end"
     if _SPACE.match(data, pos) is None:
         raise BadJSON(f"invalid JSON at byte {pos}: trailing data")
-    return members
+    return members, deep
 
 
 def _check_utf8(data: bytes) -> None:
@@ -365,5 +370,6 @@ def checked_json(data: bytes) -> Raw:
         _check_utf8(data)
         return _raw_decoder.decode(data)
     except (msgspec.DecodeError, RecursionError):
-        _outline(data)
+        if _outline(data)[1]:
+            raise BadJSON(TOO_DEEP) from None
         return Raw(data)

@@ -47,8 +47,7 @@ SHUTDOWN_MESSAGE: Final = "the runner is shutting down"
 CLOSE_GOING_AWAY: Final = 1001  # the daemon is shutting down
 CLOSE_UNSUPPORTED_DATA: Final = 1003  # binary frame
 CLOSE_INVALID_PAYLOAD: Final = 1007  # not JSON
-CLOSE_POLICY_VIOLATION: Final = 1008  # JSON, but not a valid host message
-CLOSE_TOO_BIG: Final = 1009  # over --max-message-bytes (websockets), or JSON nested too deeply
+CLOSE_POLICY_VIOLATION: Final = 1008  # JSON, but not a valid host message (nested too deeply included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +154,9 @@ class Session:
         self.cancel_grace = cancel_grace
         self.timeout_grace = timeout_grace
         # Bounds what one execution can make the runner send: results and tool
-        # inputs (enforced in the worker) and logs (maxLogChars is capped so that
-        # even six-byte JSON escapes fit).
+        # inputs (enforced in the worker) and logs (both log limits are capped at
+        # a sixth of it: a character takes at most six bytes of JSON, an escape,
+        # and a line at least three, its quotes and comma).
         self.max_output_bytes = max_output_bytes
         # The operator's ceilings: an execute asking for more is refused, not clamped,
         # so a host never gets a limit it did not ask for.
@@ -221,7 +221,9 @@ class Session:
                 f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
             )
         deadline = now + options.timeoutMs / 1000
-        max_log_chars = min(options.maxLogChars, self.max_output_bytes // 6)
+        # Any log limit a host can write works, as the largest this runner keeps (see ``LogLimit``).
+        max_log_lines = min(int(options.maxLogLines), self.max_output_bytes // 6)
+        max_log_chars = min(int(options.maxLogChars), self.max_output_bytes // 6)
         providers = [(p.name, [t.safeName for t in p.tools.values()]) for p in message.providers]
         self._exec = _Execution(
             id=message.id,
@@ -230,7 +232,7 @@ class Session:
             deadline=deadline,
             tools=frozenset((name, tool) for name, tools in providers for tool in tools),
             logs=[],
-            log_lines_left=options.maxLogLines,
+            log_lines_left=max_log_lines,
             log_chars_left=max_log_chars,
             pending={},
             issued=set(),
@@ -243,7 +245,7 @@ class Session:
             code=message.code,
             budget_s=options.timeoutMs / 1000,
             memory_limit=options.memoryLimitBytes,
-            max_log_lines=options.maxLogLines,
+            max_log_lines=max_log_lines,
             max_log_chars=max_log_chars,
             providers=providers,
             max_output_bytes=self.max_output_bytes,
@@ -276,7 +278,7 @@ class Session:
             if self._exec is not None:
                 return self._already_active(bad.execute_id, now)
             return _rejected(bad.execute_id, "validation_error", f"Invalid execute message: {bad.detail}")
-        code = {"json": CLOSE_INVALID_PAYLOAD, "deep": CLOSE_TOO_BIG}.get(bad.kind, CLOSE_POLICY_VIOLATION)
+        code = CLOSE_INVALID_PAYLOAD if bad.kind == "json" else CLOSE_POLICY_VIOLATION
         return self._fail_and_close(now, code, bad.detail)
 
     def _already_active(self, exec_id: str, now: float) -> list[Action]:

@@ -214,7 +214,9 @@ class GuestRun:
             main = self._evaluate()
             self._arm()
             providers = msgspec.json.encode(run.providers).decode()
-            self.api("start", main, providers, run.max_log_lines, run.max_log_chars, _BOOTSTRAP_KEY)
+            # The limits as floats: the binding makes a Python int a 32-bit JavaScript one (2**32 would be 0).
+            lines, chars = float(run.max_log_lines), float(run.max_log_chars)
+            self.api("start", main, providers, lines, chars, _BOOTSTRAP_KEY)
             del main  # the runtime is freed as the execution ends: no reference may outlive it
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
