@@ -315,6 +315,39 @@ def test_deep_recursion_is_a_runtime_error() -> None:
     )
 
 
+NESTINGS = {
+    "blocks": lambda n: "{" * n + "}" * n,
+    "arrays": lambda n: "[" * n + "]" * n,
+    "parentheses": lambda n: "(" * n + "1" + ")" * n,
+    "functions": lambda n: "function f() {" * n + "}" * n,
+    "templates": lambda n: "`${" * n + "1" + "}`" * n,
+    "unclosed": lambda n: "{" * n,
+    "after a syntax error": lambda n: "@" + "{" * n + "}" * n,
+}
+
+
+@pytest.mark.parametrize("depth", [5_000, 50_000, 4_000_000])
+@pytest.mark.parametrize("form", sorted(NESTINGS))
+def test_code_nested_too_deeply_to_parse_fails_at_once(form: str, depth: int) -> None:
+    """The engine's parser, with a bounded stack, refuses deep code before spending time on it, and
+    tree-sitter never sees it; without the bound, 50,000 nested blocks ran into the timeout."""
+    finished = run(NESTINGS[form](depth), budget=4)
+    if form == "after a syntax error":  # the engine stops at the first error, as it would anyway
+        assert (finished.code, finished.message) == (
+            "runtime_error",
+            "unexpected token in expression: '@' (line 1, column 1)",
+        )
+    else:
+        assert (finished.code, finished.message) == ("runtime_error", "Code nested too deeply to parse"), finished
+
+
+def test_code_nested_as_deep_as_programs_do_still_runs() -> None:
+    depth = "let d = 0; for (let x = v; Array.isArray(x); x = x[0]) d++; d"
+    assert value(run("{" * 800 + "}" * 800 + "; const v = " + "[" * 600 + "1" + "]" * 600 + "; " + depth)) == 600
+    assert value(run("(" * 1000 + "2" + ")" * 1000 + " + 1")) == 3
+    assert value(run("let x = 0; " + "if (true) " * 800 + "x = 5; x")) == 5
+
+
 def test_a_too_deep_result_says_where_in_a_bounded_message() -> None:
     code, message = error(run("let v = 1; for (let i = 0; i < 5000; i++) v = [v]; v"))
     assert code == "serialization_error" and "nested deeper than 256 levels at $[0][0]" in message

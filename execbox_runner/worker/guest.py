@@ -32,7 +32,7 @@ from ..protocol import ipc
 from ..protocol.messages import ErrorCode
 from . import native
 from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure
-from .normalize import normalize
+from .normalize import normalize, standalone
 
 # pkgutil and os.urandom rather than importlib.resources and secrets: those import tempfile,
 # random, hashlib and OpenSSL (~0.6 MiB of heap in the zygote and in every worker forked from
@@ -47,6 +47,15 @@ STACK_BYTES: Final = 32 << 20
 # QuickJS's own limit stays below the real stack, with room for the Python and C
 # frames beneath: a larger limit than the real stack would crash the process.
 MAX_STACK_BYTES: Final = STACK_BYTES - (4 << 20)
+# The engine's limit while it compiles the guest's code: about 1,400 levels of the deepest-stacked
+# nesting (brackets, parentheses, templates), more of the others. QuickJS's parser takes time
+# growing with the square of the depth of nested blocks and is not interruptible, so deeper code
+# fails at once (``TOO_DEEP_MESSAGE``) instead of running into its timeout, or past it.
+PARSE_STACK_BYTES: Final = 1 << 20
+TOO_DEEP_MESSAGE: Final = "Code nested too deeply to parse"
+# Code shorter than this cannot nest deeply enough to cost the parsers noticeable time; longer code
+# is compiled before tree-sitter normalizes it (``GuestRun._compiles``).
+CHECKED_CODE_CHARS: Final = 2048
 # A backstop only: process CPU time runs at most this much faster than the wall clock.
 _CORES: Final = os.cpu_count() or 1
 # CPU time a cancelled guest gets to run its finally blocks and last logs.
@@ -82,6 +91,11 @@ class Runtime:
 _bytecode: native.Bytecode | None = None
 
 
+def _thrown_zero(exc: quickjs.JSException) -> bool:
+    """Whether ``exc`` is the ``throw 0`` that a standalone wrapping runs first: the text compiled."""
+    return str(exc).split("\n", 1)[0] == "0"
+
+
 def fresh_runtime() -> Runtime:
     """A new runtime; from the bootstrap compiled once per process where QuickJS allows.
 
@@ -91,7 +105,7 @@ def fresh_runtime() -> Runtime:
     """
     global _bytecode
     context = quickjs.Context()
-    context.set_max_stack_size(MAX_STACK_BYTES)
+    context.set_max_stack_size(PARSE_STACK_BYTES)  # the guest's own, once its code is compiled
     if native.SUPPORTED:
         if _bytecode is None:
             _bytecode = native.Bytecode(f"globalThis[{json.dumps(_BOOTSTRAP_KEY)}] =\n{BOOTSTRAP}", "bootstrap.js")
@@ -102,6 +116,10 @@ def fresh_runtime() -> Runtime:
 
 class _Interrupted(Exception):
     """Another thread asked this execution to stop (see ``GuestRun.interrupt``)."""
+
+
+class _TooDeep(Exception):
+    """The guest's code nests too deeply for the engine to compile it (see ``PARSE_STACK_BYTES``)."""
 
 
 class _Flag:
@@ -193,8 +211,8 @@ class GuestRun:
         runtime = runtime or fresh_runtime()
         self.context = runtime.context
         self.api = runtime.api
-        self.program = normalize(run.code)
         self.memory = native.MemoryLimit(self.context, run.memory_limit)
+        self.program = normalize(run.code, self._compiles)
         _shrinking.started()
         self._refusals_before = 0  # refusals when the guest last resumed
         self._resumed = False  # whether a tool result has resumed the guest
@@ -212,17 +230,34 @@ class GuestRun:
         try:
             self._arm()
             main = self._evaluate()
+            self.context.set_max_stack_size(MAX_STACK_BYTES)
             self._arm()
             providers = msgspec.json.encode(run.providers).decode()
             # The limits as floats: the binding makes a Python int a 32-bit JavaScript one (2**32 would be 0).
             lines, chars = float(run.max_log_lines), float(run.max_log_chars)
             self.api("start", main, providers, lines, chars, _BOOTSTRAP_KEY)
             del main  # the runtime is freed as the execution ends: no reference may outlive it
+        except _TooDeep:
+            return self._finish(False, None, "runtime_error", TOO_DEEP_MESSAGE, [])
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         except _Interrupted:
             return self._interrupted()
         return self.step()
+
+    def _compiles(self, body: str) -> bool:
+        """Whether the engine compiles ``body`` (the code, unwrapped) as a function body, asked of long
+        code only: normalizing code the engine refuses is of no use, and for code nested too deeply
+        to parse it would cost tree-sitter seconds. Runs nothing of the guest's."""
+        if len(body) < CHECKED_CODE_CHARS:
+            return True
+        try:
+            self._compile(standalone(body))
+        except quickjs.JSException as exc:
+            return _thrown_zero(exc)
+        except _TooDeep:
+            return False
+        return True
 
     def _evaluate(self) -> quickjs.Object:
         """The guest function, from ``source``; it runs nothing of the guest's yet.
@@ -235,9 +270,9 @@ class GuestRun:
         """
         if "}" in self.program.body:
             self._parse_alone()
-            return self.context.eval(self.program.source)
+            return self._compile(self.program.source)
         try:
-            return self.context.eval(self.program.source)
+            return self._compile(self.program.source)
         except quickjs.JSException:
             self._parse_alone()
             raise
@@ -249,10 +284,35 @@ class GuestRun:
         close the wrapper; the standalone text throws before anything in it runs.
         """
         try:
-            self.context.eval(self.program.standalone)
+            self._compile(self.program.standalone)
         except quickjs.JSException as exc:
-            if str(exc).split("\n", 1)[0] != "0":
+            if not _thrown_zero(exc):
                 raise
+
+    def _compile(self, text: str) -> quickjs.Object:
+        """Evaluate ``text``, a wrapping of the guest's code that runs none of it, with the engine's
+        stack bounded (``PARSE_STACK_BYTES``). Raises ``_TooDeep`` when it nests too deeply: the
+        parser ran out of stack, or failed at a point that moves when it has half as much (QuickJS
+        reports some of those as a syntax error where it stopped, "missing formal parameter")."""
+        try:
+            return self.context.eval(text)
+        except quickjs.StackOverflow:
+            raise _TooDeep from None
+        except quickjs.JSException as exc:
+            if not _thrown_zero(exc) and self._fails_otherwise(text, str(exc)):
+                raise _TooDeep from None
+            raise
+
+    def _fails_otherwise(self, text: str, failure: str) -> bool:
+        """Whether ``text`` does not fail as ``failure`` with half the parse stack."""
+        self.context.set_max_stack_size(PARSE_STACK_BYTES // 2)
+        try:
+            self.context.eval(text)
+        except quickjs.JSException as exc:
+            return str(exc) != failure
+        finally:
+            self.context.set_max_stack_size(PARSE_STACK_BYTES)
+        return True
 
     def step(self) -> ipc.ToolCalls | ipc.Finished:
         """Run every runnable job, then report what the guest did."""

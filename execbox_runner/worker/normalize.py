@@ -14,7 +14,10 @@ normalization (acorn-based in TypeScript), using a real JavaScript parser
 * top-level ``await`` works everywhere, because the body runs in an async function.
 
 Code that does not parse is wrapped unchanged, so the engine reports the syntax
-error with its own message. ``Program.body`` is the body of an async function;
+error with its own message. So is code that the caller's ``compiles`` refuses
+before tree-sitter sees it: the worker lets the engine judge long code first,
+so that code nested too deeply to parse fails at once instead of costing
+tree-sitter seconds. ``Program.body`` is the body of an async function;
 ``Program.source`` wraps it in an async function expression, which the worker
 evaluates and calls. The program remembers where each copied stretch of the
 body came from, so that ``Program.locate`` turns an engine position back into a
@@ -38,6 +41,7 @@ body, as QuickJS itself reads it (``tests/test_escape.py``). A body without a
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -103,7 +107,7 @@ class Program:
 
         Evaluating it runs nothing: its first statement throws 0.
         """
-        return _STANDALONE_OPEN + self.body + _STANDALONE_CLOSE
+        return standalone(self.body)
 
     def locate(self, line: int, column: int) -> tuple[int, int] | None:
         """The host's (line, column) for QuickJS's position in ``source`` or ``standalone``, both from 1.
@@ -147,8 +151,14 @@ class _Builder:
         return Program("".join(self.parts), self.code, tuple(self.pieces))
 
 
-def normalize(code: str) -> Program:
-    """Normalize guest code as execbox does (see the module docstring)."""
+def standalone(body: str) -> str:
+    """``body`` in ``Program.standalone``'s wrapping."""
+    return _STANDALONE_OPEN + body + _STANDALONE_CLOSE
+
+
+def normalize(code: str, compiles: Callable[[str], bool] | None = None) -> Program:
+    """Normalize guest code as execbox does (see the module docstring); ``compiles`` (given the code
+    without its fence and outer whitespace) says first whether the engine takes it as a function body."""
     start, end = _fence_body(code)
     source = code[start:end]
     start += len(source) - len(source.lstrip())
@@ -156,6 +166,8 @@ def normalize(code: str) -> Program:
     body = _Builder(code)
     if not source:
         return body.program()
+    if compiles is not None and not compiles(source):
+        return body.add(source, start).program()
     data = source.encode()
     root = _parser().parse(data).root_node
     statements = [node for node in root.named_children if node.type != "comment"]
