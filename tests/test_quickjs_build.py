@@ -363,6 +363,7 @@ def test_info_names_the_quickjs_build() -> None:
     version = importlib.metadata.version("quickjs-ng")
     assert report["quickjs"] == {
         "version": version,
+        "tuned": native.NATIVE_BUDGET,
         "arena_bytes": native.ARENA_BYTES,
         "discards_runtimes": native.DISCARDS_RUNTIMES,
         "lazy_accessors": native.LAZY_ACCESSORS,
@@ -376,8 +377,10 @@ def test_info_names_the_quickjs_build() -> None:
     accessors = "accessors made on first use" if native.LAZY_ACCESSORS else "accessors made with each runtime"
     clock = "time limit's clock read at its first check" if native.LAZY_CLOCK else "time limit's clock read per call"
     compiled = "compiled profile-guided" if native.PROFILE_GUIDED else "compiled without a profile"
-    line = f"quickjs-ng {version}: {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}, {clock}, {compiled}"
-    assert line in text.splitlines()
+    build = "tuned build of deploy/quickjs/build.py" if native.NATIVE_BUDGET else "stock wheel from PyPI"
+    details = f"  {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}, {clock}, {compiled}"
+    lines = text.splitlines()
+    assert lines[lines.index(f"engine: quickjs-ng {version} ({build})") + 1] == details
 
 
 def sdist_archive(path: Path, *members: tuple[str, bytes | None]) -> Path:
