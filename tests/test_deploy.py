@@ -26,6 +26,7 @@ from kubernetes_validate import utils as kubernetes
 from execbox_runner.daemon import machine
 from execbox_runner.daemon.config import Settings
 
+from . import otheruser
 from .daemonkit import certificate, children_of, client, run_to_done, running_daemon, stop
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -473,33 +474,25 @@ def test_systemd_analyze_security_rates_the_unit_ok(tmp_path: Path) -> None:
 # no init), a private mount namespace whose root and /work are read-only with a tmpfs on /tmp (the
 # emptyDir), and the daemon started as uid 65532 with no capabilities and no_new_privs (what
 # runAsUser, drop ALL and allowPrivilegeEscalation: false give). Root only; nothing outside changes.
-EMULATED_POD = r"""
+EMULATED_POD = (
+    otheruser.REACH
+    + r"""
 set -e
 mount --make-rprivate /
 mount -t tmpfs -o mode=0755 tmpfs /run  # staging places for the binds below, in this namespace only
 mkdir -p /run/execbox-pod-config && mount --bind "$CONFIG" /run/execbox-pod-config
-mkdir -p /run/execbox-pod-keep
-for keep in $KEEP; do  # this checkout and its interpreter, when they live in /tmp themselves
-    mkdir -p "/run/execbox-pod-keep$keep" && mount --bind "$keep" "/run/execbox-pod-keep$keep"
-done
-interpreter=$(dirname "$(dirname "$(readlink -f "$PYTHON")")")
-case "$interpreter" in /root/*)  # the runner's interpreter may sit under /root (0700): expose it alone
-    mkdir -p /run/execbox-pod-python && mount --bind "$interpreter" /run/execbox-pod-python
-    mount -t tmpfs -o mode=0755 tmpfs /root && mkdir -p "$interpreter"
-    mount --bind /run/execbox-pod-python "$interpreter";;
-esac
+reach /run/execbox-pod-keep  # this checkout and its interpreter, for the pod's user (otheruser.py)
 mount --bind / / && mount -o remount,bind,ro /
 for writable in $(findmnt -rn -o TARGET | grep -v '^/$' | grep -v '^/proc' | grep -v '^/dev' | grep -v '^/sys'); do
     mount -o remount,bind,ro "$writable" 2>/dev/null || true
 done
 mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp
-for keep in $KEEP; do
-    mkdir -p "$keep" && mount --bind "/run/execbox-pod-keep$keep" "$keep"
-done
+reach_back /run/execbox-pod-keep  # again, for those that lived in /tmp
 mount -t proc proc /proc
 exec setpriv --reuid 65532 --regid 65532 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \
     env HOME=/nonexistent "$PYTHON" -m execbox_runner serve "$@"
 """
+)
 
 
 def emulation_possible() -> str | None:
@@ -532,10 +525,12 @@ def test_the_shipped_pod_runs_non_root_read_only_as_pid_1(tmp_path: Path) -> Non
     _, _, trusted = certificate(config)
     for path in config.iterdir():
         path.chmod(0o444)
-    repository = DEPLOY.parent
-    kept = [path for path in (repository, Path(sys.prefix)) if path.is_relative_to("/tmp")]
-    kept = [path for path in kept if not any(path != other and path.is_relative_to(other) for other in kept)]
-    settings = {**env(), "CONFIG": str(config), "PYTHON": sys.executable, "KEEP": " ".join(map(str, kept))}
+    paths = otheruser.needed()
+    closed = otheruser.closed_tree(paths)
+    if closed:
+        pytest.fail(f"the pod's user cannot run this checkout: {closed}")
+    settings = {**env(), "CONFIG": str(config), "PYTHON": sys.executable}
+    settings.update(otheruser.environment(paths, Path("/run/execbox-pod-keep")))
     settings.update(
         EXECBOX_RUNNER_TOKENS_FILE="/run/execbox-pod-config/tokens",
         EXECBOX_RUNNER_CERTFILE="/run/execbox-pod-config/tls.crt",

@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import sandbox
 
+from . import otheruser
 from .daemonkit import _listening_url, children_of, client, run_to_done, stop
 from .test_sandbox import receive
 
@@ -37,21 +37,17 @@ PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 
 # Run a command as nobody with no capabilities and no_new_privs (the restricted pod's user), in a
-# private mount namespace. Where the interpreter sits under a directory nobody may not enter (root's
-# home, on some images), that directory is covered by an empty tmpfs and the interpreter alone is
-# bound back at the same path. Nothing outside the mount namespace changes.
-AS_NOBODY = r"""
+# private mount namespace in which nobody can reach this checkout and its interpreter (otheruser.py).
+AS_NOBODY = (
+    otheruser.REACH
+    + r"""
 set -e
-if [ -n "$HIDDEN" ]; then
-    mount --make-rprivate /
-    mount --bind "$PREFIX" "$STAGE"
-    mount -t tmpfs -o mode=0755 tmpfs "$HIDDEN"
-    mkdir -p "$PREFIX"
-    mount --bind "$STAGE" "$PREFIX"
-fi
+mount --make-rprivate /
+reach "$STAGE"
 exec setpriv --reuid 65534 --regid 65534 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs \
     env HOME=/nonexistent "$@"
 """
+)
 
 
 def in_child(action: Callable[[], str], *, nobody: bool = False) -> str:
@@ -154,11 +150,13 @@ def listener() -> Iterator[tuple[str, int]]:
 
 def as_nobody(command: list[str], tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     """``command`` wrapped to run as nobody (see ``AS_NOBODY``), and the environment it needs."""
-    prefix = Path(sys.executable).resolve().parent.parent
-    closed = [path for path in reversed(prefix.parents) if not path.stat().st_mode & stat.S_IXOTH]
-    stage = tmp_path / "interpreter"
+    paths = otheruser.needed()
+    closed = otheruser.closed_tree(paths)
+    if closed:
+        pytest.fail(f"nobody cannot run this checkout: {closed}")
+    stage = tmp_path / "stage"
     stage.mkdir()
-    env = {**os.environ, "PREFIX": str(prefix), "STAGE": str(stage), "HIDDEN": str(closed[0]) if closed else ""}
+    env = {**os.environ, **otheruser.environment(paths, stage), "STAGE": str(stage)}
     return ["unshare", "-m", "sh", "-c", AS_NOBODY, "as-nobody", *command], env
 
 
