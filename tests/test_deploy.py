@@ -5,6 +5,7 @@ systemd unit and the shipped pod's confinement are checked for real where the ho
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -30,58 +31,138 @@ from . import otheruser
 from .daemonkit import certificate, children_of, client, run_to_done, running_daemon, stop
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+KUSTOMIZE = DEPLOY / "kubernetes"
+OVERLAYS = sorted(path.name for path in (KUSTOMIZE / "overlays").iterdir())
 # The oldest Kubernetes release still supported upstream when this was written, and the newest
 # whose schemas kubernetes-validate ships (offline: the schemas are inside the package).
 KUBERNETES_VERSIONS = ("1.31", kubernetes.latest_version())
+# Kinds of cert-manager's (custom resources, which kubernetes-validate has no schema for).
+CERT_MANAGER = {"Certificate", "Issuer"}
 
 
-def documents(*patterns: str) -> list[tuple[Path, dict[str, Any]]]:
-    return [
-        (path, doc)
-        for pattern in patterns
-        for path in sorted((DEPLOY / "kubernetes").glob(pattern))
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc
-    ]
+@functools.cache
+def render(directory: Path) -> tuple[dict[str, Any], ...]:
+    """What `kubectl kustomize DIRECTORY` renders (`kubectl apply -k` applies the same)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed: it renders the kustomizations (kubectl kustomize)")
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 
 
-def manifests() -> dict[str, dict[str, Any]]:
-    """What `kubectl apply -f deploy/kubernetes/` applies, by kind (extras/ is not applied)."""
-    return {doc["kind"]: doc for _, doc in documents("*.yaml")}
+def manifests(overlay: str = "tls") -> dict[str, dict[str, Any]]:
+    """What `kubectl apply -k deploy/kubernetes/overlays/OVERLAY` applies, by kind."""
+    return {doc["kind"]: doc for doc in render(KUSTOMIZE / "overlays" / overlay)}
 
 
-def pod() -> dict[str, Any]:
-    spec: dict[str, Any] = manifests()["Deployment"]["spec"]["template"]["spec"]
+def pod(overlay: str = "tls") -> dict[str, Any]:
+    spec: dict[str, Any] = manifests(overlay)["Deployment"]["spec"]["template"]["spec"]
     return spec
 
 
-def container() -> dict[str, Any]:
-    found: dict[str, Any] = pod()["containers"][0]
+def container(overlay: str = "tls") -> dict[str, Any]:
+    found: dict[str, Any] = pod(overlay)["containers"][0]
     return found
 
 
-def env() -> dict[str, str]:
-    return {item["name"]: item["value"] for item in container()["env"]}
+def env(overlay: str = "tls") -> dict[str, str]:
+    return {item["name"]: item["value"] for item in container(overlay)["env"]}
 
 
-def test_the_applied_set_has_every_kind() -> None:
-    assert set(manifests()) == {
-        "Deployment",
-        "Service",
-        "HorizontalPodAutoscaler",
-        "PodDisruptionBudget",
-        "NetworkPolicy",
-    }
+def test_each_overlay_applies_every_kind_in_the_runners_own_namespace() -> None:
+    assert OVERLAYS == ["hardened", "plain", "tls", "tls-cert-manager"]
+    for overlay in OVERLAYS:
+        kinds = manifests(overlay)
+        extra = CERT_MANAGER if overlay == "tls-cert-manager" else set()
+        assert set(kinds) == {
+            "Namespace",
+            "Deployment",
+            "Service",
+            "HorizontalPodAutoscaler",
+            "PodDisruptionBudget",
+            "NetworkPolicy",
+            *extra,
+        }
+        namespace = kinds["Namespace"]["metadata"]
+        assert namespace["name"] == "execbox-runner"  # not default, which is left as it is
+        assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+        for kind, doc in kinds.items():
+            if kind != "Namespace":
+                assert doc["metadata"]["namespace"] == "execbox-runner", (overlay, kind)
+
+
+def test_the_image_is_named_in_one_place() -> None:
+    """The base's kustomization names it; every overlay renders it; an overlay can point it elsewhere."""
+    (image,) = yaml.safe_load((KUSTOMIZE / "base" / "kustomization.yaml").read_text())["images"]
+    named = [path for path in KUSTOMIZE.rglob("*.yaml") if re.search(r"image: \S*execbox-runner:", path.read_text())]
+    assert named == []  # no manifest states a tag: kustomize sets it
+    for overlay in OVERLAYS:
+        assert container(overlay)["image"] == f"{image['name']}:{image['newTag']}"
+
+
+def test_an_overlay_of_ones_own_sets_the_image_and_keeps_the_rest(tmp_path: Path) -> None:
+    """What the deploy docs tell an operator to write: the shipped overlay, the image from elsewhere."""
+    overlay = tmp_path / "mine"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(KUSTOMIZE / "overlays" / "tls", overlay)],
+                "images": [{"name": "execbox-runner", "newName": "registry.example/execbox-runner", "newTag": "9.9.9"}],
+            }
+        )
+    )
+    mine = {doc["kind"]: doc for doc in render(overlay)}
+    deployment = mine["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert deployment["image"] == "registry.example/execbox-runner:9.9.9"
+    deployment["image"] = container("tls")["image"]
+    assert mine == manifests("tls")
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_every_manifest_is_valid_against_the_kubernetes_schemas(version: str) -> None:
-    checked = documents("*.yaml", "extras/*.yaml")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_manifest_is_valid_against_the_kubernetes_schemas(overlay: str, version: str) -> None:
+    checked = [doc for doc in render(KUSTOMIZE / "overlays" / overlay) if doc["kind"] not in CERT_MANAGER]
     assert len(checked) == 6
-    for path, doc in checked:
+    for doc in checked:
         # strict: an unknown or misspelt field is an error, as `kubectl apply --validate=strict` makes it
         kubernetes.validate(doc, version, strict=True)
-        assert doc["metadata"]["labels"]["app"] == "execbox-runner", path
+        assert doc["metadata"]["labels"]["app"] == "execbox-runner", doc["kind"]
+
+
+def test_the_sessions_autoscaler_component_is_valid_and_aims_below_the_ceiling(tmp_path: Path) -> None:
+    overlay = tmp_path / "sessions"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(KUSTOMIZE / "overlays" / "tls", overlay)],
+                "components": [os.path.relpath(KUSTOMIZE / "components" / "active-sessions-hpa", overlay)],
+            }
+        )
+    )
+    autoscaler = {doc["kind"]: doc for doc in render(overlay)}["HorizontalPodAutoscaler"]
+    for version in KUBERNETES_VERSIONS:
+        kubernetes.validate(autoscaler, version, strict=True)
+    (sessions,) = [m for m in autoscaler["spec"]["metrics"] if m["type"] == "Pods"]
+    assert sessions["pods"]["metric"]["name"] == "execbox_active_sessions"
+    assert int(sessions["pods"]["target"]["averageValue"]) * 2 == int(env()["EXECBOX_RUNNER_MAX_SESSIONS"])
+    assert [m["resource"]["name"] for m in autoscaler["spec"]["metrics"] if m["type"] == "Resource"] == ["cpu"]
+
+
+def test_cert_manager_makes_the_secret_the_pod_mounts_for_the_services_names() -> None:
+    kinds = manifests("tls-cert-manager")
+    certificate, issuer = kinds["Certificate"], kinds["Issuer"]
+    assert certificate["apiVersion"] == issuer["apiVersion"] == "cert-manager.io/v1"
+    volumes = {volume["name"]: volume for volume in pod("tls-cert-manager")["volumes"]}
+    assert certificate["spec"]["secretName"] == volumes["tls"]["secret"]["secretName"]
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
+    service, namespace = kinds["Service"]["metadata"]["name"], kinds["Namespace"]["metadata"]["name"]
+    assert certificate["spec"]["dnsNames"] == [f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+    assert {doc["kind"]: doc for doc in render(KUSTOMIZE / "overlays" / "tls")} == {
+        kind: doc for kind, doc in kinds.items() if kind not in CERT_MANAGER
+    }
 
 
 def test_schema_validation_catches_what_yaml_parsing_does_not() -> None:
@@ -144,8 +225,9 @@ def restricted_violations(spec: dict[str, Any]) -> list[str]:
     return problems
 
 
-def test_the_deployment_passes_the_restricted_pod_security_standard() -> None:
-    assert restricted_violations(pod()) == []
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_deployment_passes_the_restricted_pod_security_standard(overlay: str) -> None:
+    assert restricted_violations(pod(overlay)) == []
     # The checker is not vacuous: what the pod would need for a network namespace breaks it.
     with_namespace = json.loads(json.dumps(pod()))
     context = with_namespace["containers"][0]["securityContext"]
@@ -159,13 +241,14 @@ def test_the_deployment_passes_the_restricted_pod_security_standard() -> None:
     ]
 
 
-def test_the_container_is_hardened_beyond_the_standard() -> None:
-    spec, context = pod(), container()["securityContext"]
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_container_is_hardened_beyond_the_standard(overlay: str) -> None:
+    spec, context = pod(overlay), container(overlay)["securityContext"]
     assert context["readOnlyRootFilesystem"] is True
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert spec["automountServiceAccountToken"] is False
     assert spec["securityContext"]["runAsUser"] != 0
-    mounts = {mount["mountPath"]: mount for mount in container()["volumeMounts"]}
+    mounts = {mount["mountPath"]: mount for mount in container(overlay)["volumeMounts"]}
     volumes = {volume["name"]: volume for volume in spec["volumes"]}
     # The only writable place: /tmp (prometheus' multiprocess directory, and --record-dir if set).
     assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
@@ -214,16 +297,18 @@ def test_resources_agree_with_the_memory_budget_and_processes() -> None:
     assert quantity(tmp["emptyDir"]["sizeLimit"]) <= quantity(resources["limits"]["ephemeral-storage"])
 
 
-def test_probes_ports_and_drain_fit_the_daemon() -> None:
-    spec, each, settings = pod(), container(), env()
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_ports_and_drain_fit_the_daemon(overlay: str) -> None:
+    spec, each, settings = pod(overlay), container(overlay), env(overlay)
     ports = {port["name"]: port["containerPort"] for port in each["ports"]}
     assert ports == {"ws": Settings().port, "metrics": int(settings["EXECBOX_RUNNER_METRICS_PORT"])}
     assert ports["metrics"] != ports["ws"]
-    annotations = manifests()["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    annotations = manifests(overlay)["Deployment"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(ports["metrics"])  # scraped where the metrics are
     assert each["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert each["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    tls = "EXECBOX_RUNNER_CERTFILE" in settings
+    tls = overlay != "plain"
+    assert tls == ("EXECBOX_RUNNER_CERTFILE" in settings)
     assert annotations["prometheus.io/scheme"] == ("https" if tls else "http")
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         # On the sessions' port, which answers the probes without a token.
@@ -232,9 +317,10 @@ def test_probes_ports_and_drain_fit_the_daemon() -> None:
     drain = float(settings["EXECBOX_RUNNER_DRAIN_GRACE"])
     pause = int(each["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert spec["terminationGracePeriodSeconds"] > drain + pause  # SIGTERM comes after preStop
-    assert settings["EXECBOX_RUNNER_PROFILE"] in ("standard", "hardened")
+    assert settings["EXECBOX_RUNNER_PROFILE"] == ("hardened" if overlay == "hardened" else "standard")
     mounts = [mount["mountPath"] for mount in each["volumeMounts"]]
-    for name in ("EXECBOX_RUNNER_TOKENS_FILE", "EXECBOX_RUNNER_CERTFILE", "EXECBOX_RUNNER_KEYFILE"):
+    files = ["EXECBOX_RUNNER_TOKENS_FILE", *(["EXECBOX_RUNNER_CERTFILE", "EXECBOX_RUNNER_KEYFILE"] if tls else [])]
+    for name in files:
         assert any(settings[name].startswith(mount + "/") for mount in mounts), name
 
 
@@ -243,29 +329,24 @@ def test_service_autoscalers_and_budget_point_at_the_deployment() -> None:
     assert kinds["Service"]["spec"]["selector"].items() <= pod_labels().items()
     assert kinds["Service"]["spec"]["ports"][0]["targetPort"] == container()["ports"][0]["name"]
     assert kinds["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"].items() <= pod_labels().items()
-    autoscalers = [kinds["HorizontalPodAutoscaler"], *(doc for _, doc in documents("extras/*.yaml"))]
-    for autoscaler in autoscalers:
-        target = autoscaler["spec"]["scaleTargetRef"]
-        assert (target["kind"], target["name"]) == ("Deployment", kinds["Deployment"]["metadata"]["name"])
-        # A PodDisruptionBudget of one unavailable pod leaves at least one serving.
-        assert autoscaler["spec"]["minReplicas"] >= 2
-    (sessions,) = [m for m in autoscalers[1]["spec"]["metrics"] if m["type"] == "Pods"]
-    assert sessions["pods"]["metric"]["name"] == "execbox_active_sessions"
-    assert int(sessions["pods"]["target"]["averageValue"]) < int(env()["EXECBOX_RUNNER_MAX_SESSIONS"])
+    autoscaler = kinds["HorizontalPodAutoscaler"]
+    target = autoscaler["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", kinds["Deployment"]["metadata"]["name"])
+    # A PodDisruptionBudget of one unavailable pod leaves at least one serving.
+    assert autoscaler["spec"]["minReplicas"] >= 2
     for constraint in pod()["topologySpreadConstraints"]:
         assert constraint["labelSelector"]["matchLabels"].items() <= pod_labels().items()
 
 
-def test_the_manifest_settings_are_accepted_by_the_daemon(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_manifest_settings_are_accepted_by_the_daemon(overlay: str, tmp_path: Path) -> None:
     """`execbox-runner info` with the Deployment's environment (files made up): every value passes."""
-    settings = env()
+    settings = env(overlay)
     (tmp_path / "tokens").write_text("a-token\n")
-    certfile, keyfile, _ = certificate(tmp_path)
-    settings.update(
-        EXECBOX_RUNNER_TOKENS_FILE=str(tmp_path / "tokens"),
-        EXECBOX_RUNNER_CERTFILE=str(certfile),
-        EXECBOX_RUNNER_KEYFILE=str(keyfile),
-    )
+    settings.update(EXECBOX_RUNNER_TOKENS_FILE=str(tmp_path / "tokens"))
+    if "EXECBOX_RUNNER_CERTFILE" in settings:
+        certfile, keyfile, _ = certificate(tmp_path)
+        settings.update(EXECBOX_RUNNER_CERTFILE=str(certfile), EXECBOX_RUNNER_KEYFILE=str(keyfile))
     done = subprocess.run(
         [sys.executable, "-m", "execbox_runner", "info", "--json", "--host", "0.0.0.0"],
         env={**os.environ, **settings},
@@ -277,7 +358,9 @@ def test_the_manifest_settings_are_accepted_by_the_daemon(tmp_path: Path) -> Non
     report = json.loads(done.stdout)
     assert report["limits"]["max_sessions"] == int(settings["EXECBOX_RUNNER_MAX_SESSIONS"])
     assert report["limits"]["max_memory_limit_bytes"] == int(settings["EXECBOX_RUNNER_MAX_MEMORY_LIMIT_BYTES"])
-    assert not {"no_authentication", "no_tls", "sandbox_off"} & set(report["unsafe_settings"])
+    assert report["profile"] == settings["EXECBOX_RUNNER_PROFILE"]
+    unsafe = set(report["unsafe_settings"]) - {"no_network_namespace"}  # where this host cannot give one
+    assert unsafe == ({"no_tls"} if overlay == "plain" else set())
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
