@@ -13,6 +13,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -266,9 +267,17 @@ ONE_LINER = [
 
 
 def kubectl(*args: str, cwd: Path) -> str:
-    done = subprocess.run(["kubectl", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([tool("kubectl"), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def tool(name: str) -> str:
+    """The path of ``name``, or the test fails saying it is missing."""
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: the kube play test runs it as the deploy docs do")
+    return found
 
 
 class NamedContext(ssl.SSLContext):
@@ -292,7 +301,7 @@ def test_the_kustomized_deployment_runs_under_podman_kube_play(image: str, tmp_p
     secret volumes marked required (it fails on an unset `optional`), and the Secrets handed over
     as podman secrets of their decoded text (it writes a played Secret's data still base64-encoded).
     Names get this session's suffix, so that concurrent sessions never meet."""
-    assert subprocess.run(ONE_LINER, cwd=tmp_path, capture_output=True, timeout=60).returncode == 0
+    assert subprocess.run([tool(ONE_LINER[0]), *ONE_LINER[1:]], cwd=tmp_path, timeout=60).returncode == 0
     (tmp_path / "tokens").write_text(TOKEN + "\n")
     repository, tag = image.rsplit(":", 1)
     overlay = tmp_path / "overlay"
