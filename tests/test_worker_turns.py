@@ -8,14 +8,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsIndex
 
 import pytest
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import guest, loop
 from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun, Runtime
-from execbox_runner.worker.loop import TURN_CHECK_S, Runner, Worker
+from execbox_runner.worker.loop import TURN_CHECK_S, Hosted, Runner, Worker
 
 from .guestkit import run_message
 from .test_sandbox import receive, receive_any, start_worker
@@ -183,3 +183,39 @@ def test_making_a_guest_never_counts_as_a_long_step(monkeypatch: pytest.MonkeyPa
             assert isinstance(message, ipc.Finished) and message.ok, message
     thread.join(timeout=5)
     assert taken == []
+
+
+class _Mailbox(list[ipc.ToWorker]):
+    """A slot's mailbox that counts the messages moved up as one is taken from its front."""
+
+    moved = 0
+
+    def pop(self, index: SupportsIndex = -1) -> ipc.ToWorker:
+        if index == 0:
+            _Mailbox.moved += len(self) - 1
+        return super().pop(index)
+
+
+def test_results_arriving_while_a_slot_drains_are_each_taken_once_in_order_and_none_moved() -> None:
+    """100,000 parallel tool calls answered at once: while the first leader drains the slot, the next
+    reads the results into its mailbox faster than they are taken. Taking each from the front of that
+    list moved all the others up: time growing with the square of their number, 8 to 60 s in all."""
+    _, theirs = socket.socketpair()
+    worker = Worker(theirs, None, threads=2)
+    hosted = Hosted(1, time.monotonic(), mailbox=_Mailbox([ipc.Settle(call_id=0, ok=True)]), scheduled=True)
+    count = 20_000
+    taken: list[int] = []
+
+    def take(slot: Hosted, message: ipc.ToWorker, me: Runner | None) -> ipc.ToolCalls:
+        assert isinstance(message, ipc.Settle)
+        taken.append(message.call_id)
+        if message.call_id == 0:  # meanwhile the next leader read every other result
+            for call_id in range(1, count):
+                worker._dispatch(1, ipc.Settle(call_id=call_id, ok=True))
+        return ipc.ToolCalls(calls=[], logs=[])
+
+    worker.hosted[1] = hosted
+    worker._take = take  # type: ignore[method-assign]
+    worker._drain(hosted, None)
+    assert taken == list(range(count)) and not hosted.scheduled
+    assert _Mailbox.moved < count

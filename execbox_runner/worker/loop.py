@@ -420,20 +420,25 @@ class Worker:
             self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", []))
 
     def _drain(self, hosted: Hosted, me: Runner | None) -> None:
-        """Take the slot's messages in order until none is left or the execution ends."""
+        """Take the slot's messages in order until none is left or the execution ends.
+
+        The mailbox is taken whole, each time: messages arrive while a long drain runs (100,000
+        tool results, read by the next leader), and taking them one by one from the front of a
+        list that long cost time growing with the square of their number."""
         while True:
             with self.lock:
-                if not hosted.mailbox:
+                messages, hosted.mailbox = hosted.mailbox, []
+                if not messages:
                     hosted.scheduled = False
                     return
-                message = hosted.mailbox.pop(0)
-            out = self._take(hosted, message, me)
-            if isinstance(out, ipc.Finished):
-                self._end(hosted)
-                self._send(hosted.slot, out)
-                return
-            if out.calls or out.logs:
-                self._send(hosted.slot, out)
+            for message in messages:
+                out = self._take(hosted, message, me)
+                if isinstance(out, ipc.Finished):
+                    self._end(hosted)
+                    self._send(hosted.slot, out)
+                    return
+                if out.calls or out.logs:
+                    self._send(hosted.slot, out)
 
     def _take(self, hosted: Hosted, message: ipc.ToWorker, me: Runner | None) -> ipc.ToolCalls | ipc.Finished:
         """One message of a slot, a step; ``me`` as for ``_run``.
