@@ -114,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, TranscriptError, TargetError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except BrokenPipeError:  # stdout's reader left (`| head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -301,6 +302,14 @@ def _tune_garbage_collection() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args, argv)
+    except BrokenPipeError:  # stdout's reader left (`info | head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.command == "exec":
         return run_exec(args)
     if args.command == "mcp":
@@ -313,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             return _info(settings, args.json)
         logs.configure(settings.log_level, settings.log_format == "json")
         daemon = Daemon(settings)
+    except BrokenPipeError:
+        raise  # info's reader went away: not a configuration error
     except (config.InvalidSetting, ConfigurationError, OSError, ssl.SSLError) as exc:
         print(f"execbox-runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
