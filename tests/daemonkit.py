@@ -39,6 +39,7 @@ class Daemon:
     url: str
     process: subprocess.Popen[str]
     stderr: IO[str]
+    listening_line: str  # the daemon's first stdout line, which ends with ``url``
 
     def log_lines(self, until: Callable[[list[str]], bool] | None = None) -> list[str]:
         """What the daemon has written to stderr so far; with ``until``, once that holds of them (or
@@ -152,7 +153,8 @@ def running_daemon(
             env={**os.environ, **(env or {})},
         )
         try:
-            yield Daemon(url=_listening_url(process, stderr), process=process, stderr=stderr)
+            line = _listening_line(process, stderr)
+            yield Daemon(url=line.split()[-1], process=process, stderr=stderr, listening_line=line)
         finally:
             stop(process)
             assert process.stdout is not None
@@ -160,7 +162,12 @@ def running_daemon(
 
 
 def _listening_url(process: subprocess.Popen[str], stderr: IO[str]) -> str:
-    """The URL from the daemon's first stdout line, read on a thread so the wait is bounded."""
+    """The URL the daemon reports as it starts serving."""
+    return _listening_line(process, stderr).split()[-1]
+
+
+def _listening_line(process: subprocess.Popen[str], stderr: IO[str]) -> str:
+    """The daemon's first stdout line, ending with its URL, read on a thread so the wait is bounded."""
     lines: queue.Queue[str] = queue.Queue()
     stdout = process.stdout
     assert stdout is not None
@@ -169,13 +176,12 @@ def _listening_url(process: subprocess.Popen[str], stderr: IO[str]) -> str:
         line = lines.get(timeout=STARTUP_TIMEOUT_S)
     except queue.Empty:
         line = ""
-    found = re.search(r"listening on (wss?://\S+)", line)
-    if found is None:
+    if re.search(r"listening on wss?://\S+$", line.strip()) is None:
         stderr.seek(0)
         raise RuntimeError(
             f"the daemon did not report its URL (got {line!r}, exit code {process.poll()}); stderr:\n{stderr.read()[-2000:]}"
         )
-    return found.group(1)
+    return line.strip()
 
 
 def stop(process: subprocess.Popen[str], sig: int = signal.SIGTERM) -> int:

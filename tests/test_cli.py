@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from execbox_runner.client.cli import is_javascript, looks_like_a_path, read_code
-from execbox_runner.daemon import config, server
+from execbox_runner.daemon import config, startup
 
 from .daemonkit import Daemon, certificate, running_daemon, stop
 from .test_deploy import free_port
@@ -373,9 +373,9 @@ def test_a_ws_url_to_a_tls_runner_names_the_reason(tmp_path: Path) -> None:
 
 
 def test_the_engine_is_named_by_its_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(server.native, "NATIVE_BUDGET", False)
-    monkeypatch.setattr(server.importlib.metadata, "version", lambda name: "0.17.0.2")
-    assert server.engine() == "quickjs-ng 0.17.0.2 (stock wheel from PyPI)"
-    monkeypatch.setattr(server.native, "NATIVE_BUDGET", True)
-    monkeypatch.setattr(server.importlib.metadata, "version", lambda name: "0.17.0.2+arena2048.budget.clock")
-    assert server.engine() == "quickjs-ng 0.17.0.2+arena2048.budget.clock (tuned build of deploy/quickjs/build.py)"
+    monkeypatch.setattr(startup.native, "NATIVE_BUDGET", False)
+    monkeypatch.setattr(startup.importlib.metadata, "version", lambda name: "0.17.0.2")
+    assert startup.engine() == "quickjs-ng 0.17.0.2 (stock wheel from PyPI)"
+    monkeypatch.setattr(startup.native, "NATIVE_BUDGET", True)
+    monkeypatch.setattr(startup.importlib.metadata, "version", lambda name: "0.17.0.2+arena2048.budget.clock")
+    assert startup.engine() == "quickjs-ng 0.17.0.2+arena2048.budget.clock (tuned build of deploy/quickjs/build.py)"

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from execbox_runner import __version__
-from execbox_runner.daemon.server import engine
+from execbox_runner.daemon.startup import engine, listening_line
 
 from .daemonkit import Daemon, running_daemon
 from .test_deploy import free_port
@@ -62,3 +62,9 @@ def test_every_shard_logs_its_own_line_with_its_share() -> None:
     assert sorted(line["shard"] for line in lines) == ["0/2", "1/2"]
     assert [(line["max_sessions"], line["max_workers"]) for line in lines] == [(5, 2), (5, 2)]
     assert lines[0]["memory_budget_bytes"] == lines[1]["memory_budget_bytes"]
+
+
+def test_the_stdout_line_names_the_engine_with_one_daemon_process_or_several() -> None:
+    for processes in ("1", "2"):
+        with running_daemon("--processes", processes) as d:
+            assert d.listening_line == listening_line(d.url)

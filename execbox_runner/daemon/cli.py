@@ -50,7 +50,8 @@ from ..mcp.cli import add_mcp_parser, run_mcp
 from . import config, logs, supervisor
 from .listeners import CannotListen
 from .machine import BUDGET_SHARE, default_processes, usable_cores
-from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report, listening_line, size, url
+from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report, size, url
+from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
 REPLAY_TIMEOUT_S: Final = 5.0

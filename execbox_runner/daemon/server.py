@@ -49,6 +49,7 @@ from .machine import default_max_sessions, default_memory_budget, memory_bytes, 
 from .metrics import LiveState, Metrics
 from .pool import WorkerPool
 from .reactor import Reactor
+from .startup import engine
 from .supervisor import is_shard, shard_count, shard_name
 
 log = logging.getLogger(__name__)
@@ -89,19 +90,6 @@ def unsafe_settings(
         "no_network_namespace": namespace["requested"] and not namespace["enforced"],
     }
     return [name for name in UNSAFE_SETTINGS if applies[name]]
-
-
-def engine() -> str:
-    """The JavaScript engine in use, as ``info`` and the start-up lines name it: quickjs-ng's
-    version (a build of ``deploy/quickjs/build.py`` carries a local label saying how it was tuned)
-    and which build it is: only that build sets ``NATIVE_BUDGET``."""
-    build = "tuned build of deploy/quickjs/build.py" if native.NATIVE_BUDGET else "stock wheel from PyPI"
-    return f"quickjs-ng {importlib.metadata.version('quickjs-ng')} ({build})"
-
-
-def listening_line(address: str) -> str:
-    """The line on stdout once the daemon serves: the engine, then the URL as its last word."""
-    return f"execbox-runner with {engine()} listening on {address}"
 
 
 def host_report(settings: Settings) -> dict[str, object]:

@@ -35,6 +35,7 @@ import trio
 from . import reaper
 from .config import Settings
 from .metrics import MULTIPROCESS_ENV, live_state_file
+from .startup import listening_line
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class Supervisor:
                         nursery.start_soon(reaper.reap_on_exits, self._owned)
                         urls = [await nursery.start(self._keep, index, port) for index in range(self.count)]
                         reserved.close()
-                        print(f"execbox-runner listening on {urls[0]}", flush=True)
+                        print(listening_line(urls[0]), flush=True)
                         log.info("serving %s with %d daemon processes", urls[0], self.count)
                         async for signum in signals:
                             # Shards drain on the first signal and stop at once on the second: forward both.
