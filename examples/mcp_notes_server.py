@@ -1,7 +1,9 @@
-"""A tiny MCP server to try code mode with (README, "Code mode for MCP"): notes kept in memory.
+"""A tiny MCP server to try code mode with (docs: Code mode for MCP): notes kept in memory.
 
-Wrap it with ``execbox-runner mcp --config servers.json``, where servers.json is
-``{"mcpServers": {"notes": {"command": "python", "args": ["examples/mcp_notes_server.py"]}}}``.
+Wrap it with ``execbox-runner mcp --config servers.json``, where servers.json names the Python
+that has the ``mcp`` extra, with absolute paths (MCP clients start servers from a directory of
+their own): ``{"mcpServers": {"notes": {"command": "/abs/.venv/bin/python", "args":
+["/abs/examples/mcp_notes_server.py"]}}}``.
 """
 
 from mcp.server import MCPServer
