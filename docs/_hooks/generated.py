@@ -13,9 +13,10 @@ import os
 from dataclasses import fields
 from typing import Any
 
+from execbox_runner_conformance.cli import build_parser as build_conformance_parser
+
 from execbox_runner.daemon import config
 from execbox_runner.daemon.cli import build_parser
-from execbox_runner_conformance.cli import build_parser as build_conformance_parser
 
 SETTINGS_MARK = "<!-- generated: settings -->"
 COMMANDS_MARK = "<!-- generated: commands -->"
