@@ -14,7 +14,8 @@ stuck in an aborted execution 32.5 s after the abort), and must end ``ok``.
         [--kinds hostile,disconnect] [--daemon-arg=--profile=hardened] [--url ws://... --daemon-pid PID]
 
 Checked per session: exactly one ``done`` per accepted execution, with the
-expected ``ok`` / error code; each hostile frame gets its documented answer
+expected ``ok`` / error code, and the lines a guest logged (a spinning guest
+ended by its ``timeoutMs`` or a cancel keeps every line); each hostile frame gets its documented answer
 (docs/reference/protocol.md, "Bad input": a ``done`` with a stable code, or a close frame with its
 code, never a bare TCP close); every closing handshake is answered. Checked
 every second: the daemon is alive and ``/healthz`` answers; after the load, no
@@ -317,11 +318,12 @@ def run_memory_bomb(s: Session, host: Host) -> None:
 
 
 def run_timeout(s: Session, host: Host) -> None:
+    """A guest that logs, then spins past its ``timeoutMs``: its ``done`` must keep the line."""
     timeout_ms = s.rng.randint(100, 500)
     sent = time.perf_counter()
-    done = host.execute(s.next_id(), "while (true) {}", {**OPTIONS, "timeoutMs": timeout_ms})
+    done = host.execute(s.next_id(), "console.log('spinning'); while (true) {}", {**OPTIONS, "timeoutMs": timeout_ms})
     s.tally.sample("timeout: done - timeoutMs (host)", (time.perf_counter() - sent) * 1000 - timeout_ms)
-    expect(done, "timeout")
+    expect(done, "timeout", logs=["spinning"])
     s.tally.sample("timeout: durationMs - timeoutMs", done["durationMs"] - timeout_ms)
 
 
@@ -347,7 +349,7 @@ def run_cancel_spinning(s: Session, host: Host) -> None:
 
     def resume_then_cancel(call: dict[str, Any]) -> None:
         host.echo(call)
-        time.sleep(0.02)  # the guest is spinning by now
+        time.sleep(s.rng.uniform(0.05, 0.15))  # the guest has logged and spins by now
         sent.append(time.perf_counter())
         host.send(cancel_message(exec_id))
 
@@ -356,10 +358,7 @@ def run_cancel_spinning(s: Session, host: Host) -> None:
     if not sent:
         raise Violation(f"done before the cancel: {done}")
     s.tally.sample("cancel -> done (spinning)", (time.perf_counter() - sent[0]) * 1000)
-    expect(done, "timeout")
-    s.tally.count(
-        s.tally.variants, "cancel_spinning:logs kept" if done["logs"] == ["before"] else "cancel_spinning:logs lost"
-    )
+    expect(done, "timeout", logs=["before"])
 
 
 EXECUTIONS: Final[dict[str, Callable[[Session, Host], None]]] = {

@@ -7,8 +7,10 @@ import os
 import socket
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from execbox_runner.protocol import ipc
@@ -33,10 +35,23 @@ def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     return process, parent
 
 
+# Per channel and slot: log lines a worker streamed (messages of lines alone), not yet handed on.
+_streamed: weakref.WeakKeyDictionary[socket.socket, dict[int, list[str]]] = weakref.WeakKeyDictionary()
+
+
 def receive_any(sock: socket.socket) -> tuple[int, ipc.FromWorker]:
-    """The worker's next message, for whichever slot."""
-    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-    return ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+    """The worker's next message, for whichever slot, with the log lines the worker streamed for that
+    slot before it (while its guest ran, as they were written) folded into it."""
+    streamed = _streamed.setdefault(sock, {})
+    while True:
+        (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+        slot, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+        if isinstance(message, ipc.ToolCalls) and not message.calls:
+            streamed.setdefault(slot, []).extend(message.logs)
+            continue
+        if isinstance(message, ipc.ToolCalls | ipc.Finished) and slot in streamed:
+            message = msgspec.structs.replace(message, logs=streamed.pop(slot) + message.logs)
+        return slot, message
 
 
 def receive(sock: socket.socket, slot: int = 0) -> ipc.FromWorker:

@@ -39,6 +39,11 @@
   // Bound: called for every string or object that crosses the boundary.
   const toWellFormed = uncurry(String.prototype.toWellFormed);
   const slice = uncurry(String.prototype.slice);
+  const charCodeAt = uncurry(String.prototype.charCodeAt); // per code unit of every line logged
+  const Uint16ArrayCtor = Uint16Array;
+  const Uint32ArrayCtor = Uint32Array;
+  const atomicsLoad = Atomics.load;
+  const atomicsStore = Atomics.store;
   const MapCtor = Map;
   const mapGet = uncurry(Map.prototype.get);
   const mapSet = uncurry(Map.prototype.set);
@@ -104,7 +109,9 @@
   const trusted = new WeakMap(); // host-made errors -> [code, message]; never on the error itself
   const pending = { __proto__: null }; // call id -> [resolve, reject]
   let outbox = ""; // JSON texts of [id, provider, tool, hasInput, input], comma-separated, since the last poll
-  let logs = ""; // JSON texts of the lines logged since the last poll, comma-separated
+  let logs = ""; // JSON texts of the lines logged since the last poll, comma-separated (without a ring)
+  let ringBuffer; // the worker's ring for log lines (see below), an ArrayBuffer, if it gave one
+  let ringUnits = 0; // its capacity in UTF-16 code units: 0, no ring
   let nextCallId = 0;
   let logLines = 0;
   let maxLogLines = 0;
@@ -197,6 +204,31 @@
   // keep the earliest maxLogLines lines, then spend maxLogChars (UTF-16 code
   // units, as JS .length counts) across them, clipping the line that runs out.
   // One function serves all four methods.
+  //
+  // Each kept line goes into the worker's ring as it is written (worker/logring.py): a
+  // header of two 32-bit counters of code units, written (ours, stored once the units are
+  // in) and read (the worker's), then the units; a line is its length in two units, then
+  // its units. The worker reads the ring while the guest runs, so a guest stopped at its
+  // deadline, or cancelled while it spins, keeps every line. With the ring full, the
+  // guest waits here until the worker has read some (or its deadline stops it). Nothing
+  // here reads a property of the ring or its views: guest code can reach prototypes.
+  let ringHead = null; // the counters, then the data: views made on the first line
+  let ringData = null;
+  const toRing = (line) => {
+    if (ringHead === null) {
+      ringHead = new Uint32ArrayCtor(ringBuffer, 0, 2);
+      ringData = new Uint16ArrayCtor(ringBuffer, 16, ringUnits);
+    }
+    const length = line.length;
+    let written = ringHead[0];
+    for (let i = -2; i < length; ) {
+      let room = ringUnits - ((written - atomicsLoad(ringHead, 1)) >>> 0);
+      for (; room > 0 && i < length; room--, i++, written = (written + 1) >>> 0) {
+        ringData[written & (ringUnits - 1)] = i >= 0 ? charCodeAt(line, i) : i === -2 ? length & 0xffff : length >>> 16;
+      }
+      atomicsStore(ringHead, 0, written);
+    }
+  };
   const log = (...args) => {
     let line = "";
     for (let i = 0; i < args.length; i++) {
@@ -222,7 +254,8 @@
     if (line.length > logCharsLeft) line = slice(line, 0, logCharsLeft);
     logCharsLeft -= line.length;
     logLines++;
-    logs += (logs ? "," : "") + stringify(toWellFormed(line));
+    if (ringUnits) toRing(toWellFormed(line));
+    else logs += (logs ? "," : "") + stringify(toWellFormed(line));
   };
   hidden.value = { log, info: log, warn: log, error: log };
   defineProperty(G, "console", hidden);
@@ -309,12 +342,17 @@
   };
 
   // ---------------------------------------------------------------- the worker's calls
-  return (op, a, b, c, d, e) => {
+  return (op, a, b, c, d, e, f) => {
     switch (op) {
       // The guest's function `a`, with the providers (JSON text `b`) and log limits (`c` lines,
-      // `d` characters). `e` names the global through which the worker found this dispatcher.
+      // `d` characters). `e` names the global through which the worker found this dispatcher;
+      // the ring for log lines, if there is one (of `f` code units, a power of two; else 0), is
+      // the global `e` + "_log".
       case "start": {
         delete G[e];
+        ringBuffer = G[e + "_log"];
+        delete G[e + "_log"];
+        ringUnits = f;
         maxLogLines = c;
         logCharsLeft = d;
         for (const [name, tools] of parse(b)) {

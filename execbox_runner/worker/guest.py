@@ -23,6 +23,7 @@ import os
 import pkgutil
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 import msgspec
@@ -30,8 +31,9 @@ import quickjs
 
 from ..protocol import ipc
 from ..protocol.messages import ErrorCode
-from . import native
+from . import logring, native
 from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure
+from .logring import CAPACITY, HEADER_BYTES, LogRing
 from .normalize import normalize, standalone
 
 # pkgutil and os.urandom rather than importlib.resources and secrets: those import tempfile,
@@ -81,11 +83,13 @@ _stack_decoder: Final = msgspec.json.Decoder(str | None)
 
 
 class Runtime:
-    """A fresh QuickJS context with the bootstrap installed, ready for one execution."""
+    """A fresh QuickJS context with the bootstrap installed, ready for one execution, and the ring its
+    log lines will go through (None where ``native.SHARES`` is false)."""
 
-    def __init__(self, context: quickjs.Context, api: quickjs.Object) -> None:
+    def __init__(self, context: quickjs.Context, api: quickjs.Object, ring: LogRing | None) -> None:
         self.context = context
         self.api = api
+        self.ring = ring
 
 
 _bytecode: native.Bytecode | None = None
@@ -106,12 +110,16 @@ def fresh_runtime() -> Runtime:
     global _bytecode
     context = quickjs.Context()
     context.set_max_stack_size(PARSE_STACK_BYTES)  # the guest's own, once its code is compiled
-    if native.SUPPORTED:
-        if _bytecode is None:
-            _bytecode = native.Bytecode(f"globalThis[{json.dumps(_BOOTSTRAP_KEY)}] =\n{BOOTSTRAP}", "bootstrap.js")
-        _bytecode.run(context)
-        return Runtime(context, context.get(_BOOTSTRAP_KEY))  # the global goes as the guest starts
-    return Runtime(context, context.eval(BOOTSTRAP))
+    if not native.SUPPORTED:
+        return Runtime(context, context.eval(BOOTSTRAP), None)
+    if _bytecode is None:
+        _bytecode = native.Bytecode(f"globalThis[{json.dumps(_BOOTSTRAP_KEY)}] =\n{BOOTSTRAP}", "bootstrap.js")
+    _bytecode.run(context)
+    ring = None
+    if native.SHARES:
+        ring = LogRing()
+        native.share(context, _BOOTSTRAP_KEY + "_log", ring.address, HEADER_BYTES + 2 * CAPACITY)
+    return Runtime(context, context.get(_BOOTSTRAP_KEY), ring)  # the globals go as the guest starts
 
 
 class _Interrupted(Exception):
@@ -198,12 +206,19 @@ class GuestRun:
         "interrupt_requested",
         "memory",
         "program",
+        "ring",
         "waiting",
     )
 
-    def __init__(self, run: ipc.Run, runtime: Runtime | None = None, *, arrived: float | None = None) -> None:
+    def __init__(
+        self, run: ipc.Run, runtime: Runtime | None = None, *, arrived: float | None = None, streamed: bool = False
+    ) -> None:
         """``arrived``: when the worker received ``run`` (``time.monotonic()``), where its budget
-        starts; a run may wait for a runner thread, and that wait is part of its timeout."""
+        starts; a run may wait for a runner thread, and that wait is part of its timeout.
+
+        ``streamed``: another thread calls ``stream`` while each step runs (the worker's log pump),
+        so the guest's lines go through the runtime's ring, which waits for that reader when it is
+        full. Otherwise the lines wait in the runtime until each step's report."""
         self._run: ipc.Run | None = run  # until ``start``: a parked execution keeps only what it needs
         self._max_output = run.max_output_bytes
         self._memory_limit = run.memory_limit
@@ -211,6 +226,11 @@ class GuestRun:
         runtime = runtime or fresh_runtime()
         self.context = runtime.context
         self.api = runtime.api
+        self.ring = runtime.ring  # None: the lines come with each poll
+        if not streamed and self.ring is not None:
+            with logring.lock:
+                self.ring.close()
+            self.ring = None
         self.memory = native.MemoryLimit(self.context, run.memory_limit)
         self.program = normalize(run.code, self._compiles)
         _shrinking.started()
@@ -235,7 +255,7 @@ class GuestRun:
             providers = msgspec.json.encode(run.providers).decode()
             # The limits as floats: the binding makes a Python int a 32-bit JavaScript one (2**32 would be 0).
             lines, chars = float(run.max_log_lines), float(run.max_log_chars)
-            self.api("start", main, providers, lines, chars, _BOOTSTRAP_KEY)
+            self.api("start", main, providers, lines, chars, _BOOTSTRAP_KEY, CAPACITY if self.ring else 0)
             del main  # the runtime is freed as the execution ends: no reference may outlive it
         except _TooDeep:
             return self._finish(False, None, "runtime_error", TOO_DEEP_MESSAGE, [])
@@ -330,6 +350,7 @@ class GuestRun:
             return self._engine_failure(exc)
         except _Interrupted:
             return self._interrupted()
+        logs = self._logged(logs)
         if outcome is not None:
             return self._outcome(outcome, logs)
         forwarded: list[tuple[int, str, str, bytes | None]] = []
@@ -474,6 +495,32 @@ class GuestRun:
         code, message = escaped_failure(text, self.program, refused=self._refused())
         return self._finish(False, None, code, message, logs)
 
+    def stream(self, send: Callable[[list[str]], None]) -> None:
+        """(From another thread, while the guest may be running.) ``send`` the lines logged since the
+        last report now, holding the rings' lock: nothing read here reaches the daemon after the
+        execution's last message, whose lines are read under the same lock."""
+        if self.ring is None:
+            return
+        with logring.lock:
+            lines = self.ring.read()
+            if lines:
+                send(lines)
+
+    def last_logs(self) -> list[str]:
+        """The lines not reported yet, for an execution that ends without a ``Finished`` of its own
+        (a bug in the worker); nothing is reported of it afterwards."""
+        if self.ring is None:
+            return []
+        with logring.lock:
+            return self.ring.close()
+
+    def _logged(self, polled: list[str]) -> list[str]:
+        """The lines logged since the last report: from the ring, or without one, those ``polled``."""
+        if self.ring is None:
+            return polled
+        with logring.lock:
+            return self.ring.read()
+
     def _salvage_logs(self) -> list[str]:
         """Best effort: the lines logged before an engine failure, if the runtime can still say."""
         self._stop_interrupts()
@@ -486,6 +533,7 @@ class GuestRun:
     def _finish(
         self, ok: bool, result: bytes | None, code: ErrorCode | None, message: str, logs: list[str]
     ) -> ipc.Finished:
+        logs = logs + self.last_logs()  # the ring's last lines; its slot goes back to the pool
         self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs)
         self._release()
         return self.finished

@@ -24,7 +24,10 @@ reads the channel.
 
 An ``Abort`` for a slot whose guest code is running is also given to the
 interrupter thread, which pokes that runtime (``native.py``) until the guest
-has unwound, so a spinning guest still hands over its logs. The interrupter
+has unwound. A guest's log lines leave the worker as they are written: the log
+pump thread reads the rings of guests in a step (``logring.py``) every
+``PUMP_INTERVAL_S`` and sends what it finds, so the daemon has them even if it
+ends the execution first, or the worker dies. The interrupter
 also stops every guest still running at its wall-clock deadline, so the worker
 enforces ``timeoutMs`` itself as well as the daemon. In the standard profile
 a prefault thread (``prefault.py``) faults in the heap's new pages as it grows,
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import heapq
 import itertools
 import math
@@ -52,6 +56,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -74,6 +79,9 @@ DEFAULT_THREADS: Final = 16
 # Then it takes the lead: a spinning guest delays its neighbours by about this much.
 TURN_CHECK_S: Final = 0.001
 _READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
+# How often the log pump reads the rings of guests in a step: a line written reaches the daemon about
+# this much later at most, on an idle machine (a step's last lines go with its report, at once).
+PUMP_INTERVAL_S: Final = 0.002
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
 
@@ -158,6 +166,43 @@ class Interrupter:
                         self._pending[guest] -= 1
 
 
+class LogPump:
+    """A thread that sends the log lines of guests in a step while they run (see the module docstring).
+
+    It wakes only while a step runs, every ``PUMP_INTERVAL_S``: a step that ends first reports its
+    lines itself."""
+
+    def __init__(self, send: Callable[[int, ipc.FromWorker], None]) -> None:
+        self._send = send
+        self._stepping: dict[int, GuestRun] = {}  # slot -> its guest, while a runner runs a step of it
+        self._wake = threading.Condition(threading.Lock())
+        threading.Thread(target=self._run, name="log-pump", daemon=True).start()
+
+    def stepping(self, slot: int, guest: GuestRun) -> None:
+        with self._wake:
+            self._stepping[slot] = guest
+            if len(self._stepping) == 1:
+                self._wake.notify()
+
+    def stepped(self, slot: int) -> None:
+        with self._wake:
+            del self._stepping[slot]
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stepping:
+                    self._wake.wait()
+            time.sleep(PUMP_INTERVAL_S)
+            with self._wake:
+                stepping = list(self._stepping.items())
+            for slot, guest in stepping:
+                guest.stream(functools.partial(self._report, slot))
+
+    def _report(self, slot: int, lines: list[str]) -> None:
+        self._send(slot, ipc.ToolCalls(calls=[], logs=lines))
+
+
 @dataclass(eq=False, slots=True)
 class Runner:
     """One runner thread: what wakes it, its CPU clock, and where its current step began."""
@@ -193,6 +238,7 @@ class Worker:
         self.spare: Runtime | None = None
         self.prefaulter: Prefaulter | None = None
         self.interrupter: Interrupter | None = None
+        self.pump: LogPump | None = None
         self.confined = threading.Event()  # set once the runners may start
         self.ended = threading.Lock()  # released when a runner ends on the channel's failure
         self.failure: BaseException | None = None
@@ -207,6 +253,7 @@ class Worker:
         self.spare = runtime or fresh_runtime()
         # Every thread starts before confinement: afterwards the kernel refuses new ones.
         self.interrupter = Interrupter()
+        self.pump = LogPump(self._send)
         if self.threads > 1:  # hardened: one execution per process, its heap never grows much
             self.prefaulter = Prefaulter()
         self.ended.acquire()
@@ -417,7 +464,8 @@ class Worker:
             self._drain(hosted, me)
         except Exception as exc:  # a bug must cost one execution, not the worker's others
             self._end(hosted)
-            self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", []))
+            logs = hosted.guest.last_logs() if hosted.guest is not None else []
+            self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", logs))
 
     def _drain(self, hosted: Hosted, me: Runner | None) -> None:
         """Take the slot's messages in order until none is left or the execution ends.
@@ -455,7 +503,7 @@ class Worker:
         if isinstance(message, ipc.Run):
             with self.lock:  # the prepared runtime is for exactly one execution
                 runtime, self.spare = self.spare, None
-            guest = GuestRun(message, runtime, arrived=hosted.arrived)
+            guest = GuestRun(message, runtime, arrived=hosted.arrived, streamed=self.pump is not None)
             if self.prefaulter is not None:
                 self.prefaulter.check()
             if me is not None:
@@ -467,14 +515,26 @@ class Worker:
                 self.interrupter.watch(guest)
                 if aborting:
                     self.interrupter.request(guest)
-            return guest.start()
+            return self._step(hosted.slot, guest, guest.start)
         running = hosted.guest
         assert running is not None  # Run is always a slot's first message
         if isinstance(message, ipc.Settle):
-            return running.settle(message)
+            return self._step(hosted.slot, running, lambda: running.settle(message))
         if isinstance(message, ipc.Evict):
             return running.evict()
-        return running.abort()
+        return self._step(hosted.slot, running, running.abort)
+
+    def _step(
+        self, slot: int, guest: GuestRun, step: Callable[[], ipc.ToolCalls | ipc.Finished]
+    ) -> ipc.ToolCalls | ipc.Finished:
+        """Run guest code, its log lines streamed meanwhile."""
+        if self.pump is None:
+            return step()
+        self.pump.stepping(slot, guest)
+        try:
+            return step()
+        finally:
+            self.pump.stepped(slot)
 
     def _heaps(self) -> list[tuple[int, int]]:
         """Each started execution's slot and the bytes its runtime holds now."""

@@ -1,7 +1,8 @@
 """Reaching past the quickjs binding into QuickJS itself, where the binding falls short.
 
 The binding can neither stop a context that is running JavaScript, nor reuse
-compiled code, nor say that an allocation was refused, and all three matter here:
+compiled code, nor say that an allocation was refused, nor share memory with
+JavaScript, and all four matter here:
 
 * ``poke`` interrupts a running guest from another thread. The binding's
   interrupt check compares process CPU time with ``interrupt_data.start`` and
@@ -23,15 +24,20 @@ compiled code, nor say that an allocation was refused, and all three matter here
   check in C (``NATIVE_BUDGET``), where the arena allocator calls the hooks, and
   then no hook is installed: each hook is a ctypes callback that takes the GIL
   back while the guest runs: ~15 us of a worker's CPU per trivial execution.
+* ``share`` gives a context an ArrayBuffer over memory the worker owns
+  (``JS_NewArrayBuffer`` without a function to free it), where the bootstrap
+  writes log lines for the worker to read while the guest runs (``logring``).
 
-Both depend on the binding's private ``ContextData`` layout, verified once per
+All of them depend on the binding's private ``ContextData`` layout, verified once per
 process: the exported ``JS_GetRuntime`` must map the stored context pointer to
 the stored runtime pointer, an engine call must copy the stored time limit
 into the interrupt data, and the runtime's ``JSMallocState`` must say what
 ``JS_ComputeMemoryUsage`` says. Where that fails, ``SUPPORTED`` is false:
 ``poke`` does nothing (the daemon then kills a worker that does not stop in
 time), the worker evaluates the bootstrap source instead, and ``MemoryLimit``
-falls back to QuickJS's own limit, which counts nothing.
+falls back to QuickJS's own limit, which counts nothing. ``SHARES`` also says
+that an ArrayBuffer made by ``share`` reads and writes that memory; where it
+does not, the bootstrap keeps log lines until the worker polls them, as a step ends.
 """
 
 from __future__ import annotations
@@ -132,6 +138,20 @@ def _load_library() -> ctypes.CDLL | None:
         lib.JS_FreeValue.argtypes = [ctypes.c_void_p, _JSValue]
         lib.js_free.restype = None
         lib.js_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.JS_NewArrayBuffer.restype = _JSValue
+        lib.JS_NewArrayBuffer.argtypes = [
+            ctypes.c_void_p,  # context
+            ctypes.c_void_p,  # data
+            ctypes.c_size_t,  # length
+            ctypes.c_size_t,  # maximum length: 0, not resizable
+            ctypes.c_void_p,  # realloc function: none, the memory is not the engine's
+            ctypes.c_void_p,  # its opaque
+            ctypes.c_bool,  # shared
+        ]
+        lib.JS_GetGlobalObject.restype = _JSValue
+        lib.JS_GetGlobalObject.argtypes = [ctypes.c_void_p]
+        lib.JS_SetPropertyStr.restype = ctypes.c_int
+        lib.JS_SetPropertyStr.argtypes = [ctypes.c_void_p, _JSValue, ctypes.c_char_p, _JSValue]
     except (OSError, AttributeError, ImportError):
         return None
     return lib if _layout_holds(lib) else None
@@ -174,7 +194,34 @@ def poke(context: quickjs.Context) -> None:
 
 
 class NativeError(Exception):
-    """QuickJS refused to compile, load or run bytecode."""
+    """QuickJS refused to compile, load or run bytecode, or to make an ArrayBuffer."""
+
+
+def share(context: quickjs.Context, name: str, address: int, length: int) -> None:
+    """Make the global ``name`` of ``context`` an ArrayBuffer over the ``length`` bytes at ``address``:
+    memory that outlives the context and that the engine never frees."""
+    assert _lib is not None
+    js_context = _js_context(context)
+    buffer = _lib.JS_NewArrayBuffer(js_context, address, length, 0, None, None, False)
+    if buffer.tag == _EXCEPTION_TAG:
+        raise NativeError("no ArrayBuffer")
+    global_object = _lib.JS_GetGlobalObject(js_context)
+    status = _lib.JS_SetPropertyStr(js_context, global_object, name.encode(), buffer)  # takes the buffer
+    _lib.JS_FreeValue(js_context, global_object)
+    if status < 0:
+        raise NativeError("the ArrayBuffer cannot be a global")
+
+
+def _shares() -> bool:
+    """An ArrayBuffer made by ``share`` is the memory it was given, both ways."""
+    memory = ctypes.create_string_buffer(b"\x01\x02\x03\x04", 8)
+    context = quickjs.Context()
+    try:
+        share(context, "shared", ctypes.addressof(memory), 8)
+        seen = context.eval("const b = new Uint8Array(shared); b[7] = 9; [b.length, b[0], b[3], b[4]].join()")
+    except (NativeError, quickjs.JSException):
+        return False
+    return bool(seen == "8,1,4,0" and memory.raw[7] == 9)
 
 
 class Bytecode:
@@ -253,6 +300,8 @@ def _budget_holds() -> bool:
 
 # The budget is checked in C where the build can and its fields are where they are expected.
 _native_budget: Final = NATIVE_BUDGET and _defaults is not None and _budget_holds()
+# Whether ``share`` works (see the module docstring).
+SHARES: Final = SUPPORTED and _shares()
 
 
 def budget_in_c() -> bool:
