@@ -108,6 +108,8 @@ class Connection:
         self.tenant = ""  # executions of different tenants never share a worker (set at the handshake)
         self.lease: Lease | None = None
         self._run: ipc.Run | None = None  # a run waiting for room in the pool
+        # The execution's run until its worker answers it: placed once more if that worker is lost first.
+        self._replaceable: ipc.Run | None = None
         self._eof = False  # our end of data is sent: the TCP connection closes (lingering)
         self._ended = False
         self._fragments: list[bytes] | None = None  # a text message arriving in pieces
@@ -391,7 +393,7 @@ class Connection:
 
     def _start_run(self, run: ipc.Run) -> None:
         """Lease a slot in a worker (now, or once there is room) and send it the run."""
-        self._run = run
+        self._run = self._replaceable = run
         self.pool.acquire(self.tenant, self._leased)
 
     def _leased(self, lease: Lease) -> None:
@@ -409,6 +411,7 @@ class Connection:
             # The session let the slot go (and may run the next execution) while this message
             # was on its way: it is not the session's any more.
             return
+        self._replaceable = None
         now = self._reactor.now()
         if isinstance(message, ipc.ToolCalls):
             self._perform(self.session.worker_tool_calls(message, now))
@@ -416,8 +419,25 @@ class Connection:
             self._perform(self.session.worker_finished(message, now))
 
     def _worker_lost(self, lease: Lease, reason: WorkerLost) -> None:
-        if self.lease is lease:
+        """The execution's worker is gone. If it never answered the run, nothing of the execution
+        reached the host (no tool call, no log line): it is placed on another worker, once (a
+        guest that kills its worker does not get to kill them all). Otherwise it ends here."""
+        if self.lease is not lease:
+            return
+        run, self._replaceable = self._replaceable, None
+        if run is None or lease.answered or self.session.phase is not Phase.RUNNING:
             self._perform(self.session.worker_lost(self._reactor.now(), str(reason)))
+            return
+        log.info(
+            "execution %s: worker %d was lost before it answered (%s); placing it on another worker",
+            self.session.execution_id,
+            lease.worker.pid,
+            reason,
+            extra={"correlation_id": self.correlation_id, "worker_pid": lease.worker.pid},
+        )
+        self._release(misbehaved=False)
+        self._run = run
+        self.pool.acquire(self.tenant, self._leased)
 
     def _left_of(self, run: ipc.Run) -> ipc.Run:
         """``run`` with the time left of its budget now: a wait for room in the pool counts, so the
@@ -438,6 +458,7 @@ class Connection:
 
     def _release(self, misbehaved: bool) -> None:
         self._stop_waiting()
+        self._replaceable = None
         lease, self.lease = self.lease, None
         if lease is not None:
             self.pool.release(lease, misbehaved=misbehaved)

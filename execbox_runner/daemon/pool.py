@@ -15,11 +15,13 @@ execution finished (timeout, cancel, host gone) is abandoned: the worker is
 told to abort it; one that has not complied within ``abandon_grace`` takes no
 new executions, and is killed (with whatever it still hosts) only if the
 execution is still held ``STUCK_KILL_S`` later. A worker that sends anything
-malformed is killed. Workers are retired after ``lifetime`` executions (1 in
-the hardened profile: a fresh process each). Workers are followed through
-pidfds: they are the zygote's children, and a pidfd cannot signal a recycled
-PID. Every worker exit is one log line saying why, and is counted by reason in
-``exit_reasons`` (``workers.exit_cause``).
+malformed is killed. An execution whose worker dies before answering its run
+(no tool call, no log line, no result: nothing of it reached the host) is
+placed on another worker, once, by its connection. Workers are retired after
+``lifetime`` executions (1 in the hardened profile: a fresh process each).
+Workers are followed through pidfds: they are the zygote's children, and a
+pidfd cannot signal a recycled PID. Every worker exit is one log line saying
+why, and is counted by reason in ``exit_reasons`` (``workers.exit_cause``).
 """
 
 from __future__ import annotations
@@ -217,6 +219,7 @@ class WorkerPool:
         lease = worker.leases.get(slot)
         if lease is None or lease.finished or not isinstance(message, ipc.ToolCalls | ipc.Finished):
             raise WorkerLost(f"worker sent {type(message).__name__} for slot {slot}")
+        lease.answered = True
         if isinstance(message, ipc.Finished):
             lease.finished = True
         if lease.abandoned:

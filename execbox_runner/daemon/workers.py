@@ -311,11 +311,12 @@ class Lease:
     messages pile up unread there (``LEASE_BACKLOG_BYTES``) is judged to be flooding the slot.
     """
 
-    __slots__ = ("abandoned", "finished", "receiver", "run_sent", "slot", "worker")
+    __slots__ = ("abandoned", "answered", "finished", "receiver", "run_sent", "slot", "worker")
 
     def __init__(self, worker: Worker, slot: int) -> None:
         self.worker = worker
         self.slot = slot
+        self.answered = False  # the worker has sent something for this slot: it took the run
         self.finished = False  # the worker has sent this slot's Finished
         self.abandoned = False  # given up before it finished; the worker was told to abort
         self.run_sent = False  # the Run was sent: the worker knows this slot
