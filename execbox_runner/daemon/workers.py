@@ -11,7 +11,9 @@ produces them and written together at its end; what the channel does not take
 is written in order by the worker's writer task, and a worker that has not
 taken it within ``SEND_TIMEOUT_S`` is killed. A worker is untrusted: whatever
 it sends is bounded (``max_frame``) and checked, and a worker that floods a
-slot's host is lost (``LEASE_BACKLOG_BYTES``).
+slot's host is lost (``LEASE_BACKLOG_BYTES``). So is one that sends file
+descriptors (``SCM_RIGHTS``), which no worker does: the daemon asks for none,
+so the kernel closes every one it was sent, and the worker is killed.
 
 Every worker exit is one log line saying why, and is counted by reason: stopped
 by the daemon (a label of ``STOPPED``), or died on its own (``signal_SIGSEGV``;
@@ -175,11 +177,14 @@ class Worker:
 
     def _readable(self, _mask: int) -> None:
         try:
-            chunk = self.channel.recv(max(65536, self._frames.missing()))
+            chunk, _, flags, _ = self.channel.recvmsg(max(65536, self._frames.missing()))
         except BlockingIOError:
             return
         except OSError as exc:
             self.lose(ChannelClosed(str(exc)))
+            return
+        if flags & socket.MSG_CTRUNC:  # ancillary data, descriptors: closed by the kernel, unread
+            self.lose(WorkerLost("worker sent file descriptors"))
             return
         if not chunk:
             self.lose(ChannelClosed("worker channel closed"))
