@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -216,3 +217,56 @@ def test_a_message_sent_together_with_the_handshake_is_not_lost(daemon: Daemon) 
         while b'"done"' not in received and time.monotonic() < deadline:
             received += raw.recv(65536)
     assert b'"result":42' in received
+
+
+UPGRADE = (
+    b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+UNMASKED = b"\x00\x00\x00\x00"
+
+
+def masked(opcode: int, payload: bytes, *, fin: bool) -> bytes:
+    """A host's frame (with a mask of zeros), payloads under 64 KiB."""
+    head = bytes([(0x80 if fin else 0) | opcode])
+    size = bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0x80 | 126]) + len(payload).to_bytes(2, "big")
+    return head + size + UNMASKED + payload
+
+
+def fragmented(daemon: Daemon, frames: list[bytes]) -> bytes:
+    """Everything the daemon sends back to a raw session that sent ``frames``, until it closes."""
+    port = int(daemon.url.rsplit(":", 1)[1].strip("/"))
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        raw.sendall(UPGRADE)
+        response = b""
+        while b"\r\n\r\n" not in response:
+            response += raw.recv(4096)
+        assert response.startswith(b"HTTP/1.1 101")
+        received = response.split(b"\r\n\r\n", 1)[1]
+        with contextlib.suppress(OSError):  # the daemon may close before taking all of it
+            raw.sendall(b"".join(frames))
+        with contextlib.suppress(OSError):
+            while b'"done"' not in received and (chunk := raw.recv(65536)):
+                received += chunk
+            raw.sendall(b"\x88\x80" + UNMASKED)  # the host's half of the closing handshake
+    return received
+
+
+def test_a_message_in_many_empty_fragments_is_bounded_by_the_message_limit(daemon: Daemon) -> None:
+    """200,000 empty fragments carry no payload but take 1.2 MB on the wire, over the 1 MiB limit:
+    the daemon closes with 1009 once their headers pass it, instead of holding and parsing all of
+    them and running the message they finish (6,000,000 held 43 MiB and took the daemon a minute)."""
+    message = execute("frag", "6 * 7").encode()
+    bomb = [masked(0x1, message[:10], fin=False), masked(0x0, b"", fin=False) * 200_000]
+    answer = fragmented(daemon, [*bomb, masked(0x0, message[10:], fin=True)])
+    assert answer.startswith(b"\x88") and answer[2:4] == (1009).to_bytes(2, "big"), answer[:80]
+    with client(daemon.url) as ws:  # the daemon carries on
+        assert run_to_done(ws, "after", "1 + 1")["result"] == 2
+
+
+def test_a_message_in_a_few_fragments_still_runs(daemon: Daemon) -> None:
+    message = execute("frag", "6 * 7").encode()
+    pieces = [message[:10], message[10:60], b"", message[60:]]
+    frames = [masked(0x1 if i == 0 else 0x0, piece, fin=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
+    answer = fragmented(daemon, frames)
+    assert b'"result":42' in answer

@@ -59,6 +59,7 @@ from .workers import Lease, WorkerLost
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL: Final = 1000
+CLOSE_TOO_BIG: Final = 1009
 _WEBSOCKETS_LOG: Final = logging.getLogger("websockets.server")  # the logger websockets' server side would look up
 _P = ParamSpec("_P")
 
@@ -112,7 +113,8 @@ class Connection:
         self._replaceable: ipc.Run | None = None
         self._eof = False  # our end of data is sent: the TCP connection closes (lingering)
         self._ended = False
-        self._fragments: list[bytes] | None = None  # a text message arriving in pieces
+        self._fragments: bytearray | None = None  # a text message arriving in pieces
+        self._fragments_wire = 0  # ... and the bytes its frames took on the wire, headers included
         self._close_deadline = math.inf  # set once the closing handshake starts
         self._timer: Timer | None = None
         self.transport = Transport(reactor, sock, self, send_timeout=settings.send_timeout, tls=tls)
@@ -301,11 +303,19 @@ class Connection:
                 self._record(lambda recorder: recorder.host_text(payload))
                 self._perform(self.session.receive_text(payload, now))
             else:
-                self._fragments = [payload]
+                self._fragments = bytearray(payload)
+                self._fragments_wire = _wire_bytes(len(payload))
         elif opcode is Opcode.CONT and self._fragments is not None:
-            self._fragments.append(payload)
+            self._fragments += payload
+            self._fragments_wire += _wire_bytes(len(payload))
+            if self._fragments_wire > self.settings.max_message_bytes:
+                # Empty fragments add nothing to the message but cost memory and time to take:
+                # a message is bounded with its frames' headers.
+                self._fragments = None
+                self._close(CLOSE_TOO_BIG, "message too big, counting the headers of its fragments")
+                return
             if frame.fin:
-                data, self._fragments = b"".join(self._fragments), None
+                data, self._fragments = bytes(self._fragments), None
                 self._record(lambda recorder: recorder.host_text(data))
                 self._perform(self.session.receive_text(data, now))
         elif opcode is Opcode.BINARY:
@@ -535,3 +545,9 @@ class Connection:
         if self.recorder is not None:
             self.recorder.close()
         self._closed(self)
+
+
+def _wire_bytes(length: int) -> int:
+    """What a host's frame with ``length`` bytes of payload takes on the wire: the header, its
+    extended length, the mask (hosts mask every frame) and the payload."""
+    return 6 + (0 if length < 126 else 2 if length < 65536 else 8) + length
