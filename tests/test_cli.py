@@ -352,7 +352,7 @@ def test_every_setting_is_in_exactly_one_group_and_has_a_default_text() -> None:
     grouped = [name for _, names in config.GROUPS for name in names]
     assert sorted(grouped) == sorted(config.HELP) and len(grouped) == len(set(grouped))
     assert (config.default_text("sandbox"), config.default_text("log_guest_code")) == ("true", "false")
-    assert (config.default_text("certfile"), config.default_text("allowed_origins")) == ("none", "empty (any Origin)")
+    assert (config.default_text("certfile"), config.default_text("allowed_origins")) == ("none", "empty (no Origin)")
     assert config.default_text("max_memory_limit_bytes") == "536870912 (512 MiB)"
     assert (config.default_text("port"), config.default_text("idle_timeout")) == ("8765", "60 s")
 

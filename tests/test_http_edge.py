@@ -113,6 +113,24 @@ def test_repeated_credentials_are_refused_never_dropped(headers: list[str]) -> N
         assert_no_error_logged(d)
 
 
+def test_a_browser_origin_is_refused_unless_listed() -> None:
+    """A loopback daemon without tokens ran an execution for any web page the user visited: browsers
+    send an Origin with a WebSocket handshake (which CORS does not bind), hosts send none."""
+    with running_daemon() as d:
+        for origin in ("http://evil.example", "null", "http://127.0.0.1:8000"):
+            answer = exchange(d, (UPGRADE + f"Origin: {origin}\r\n\r\n").encode())
+            assert answer.startswith(b"HTTP/1.1 403"), (origin, answer)
+            assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "origin"
+        with client(d.url) as ws:  # no Origin: a host
+            assert run_to_done(ws, "host", "1 + 1")["result"] == 2
+    with running_daemon("--allowed-origins", f"{ALLOWED}, http://localhost:3000") as d:
+        for origin in (ALLOWED, "http://localhost:3000"):
+            with client(d.url, origin=origin) as ws:
+                assert run_to_done(ws, "page", "1 + 1")["result"] == 2
+        answer = exchange(d, (UPGRADE + "Origin: http://evil.example\r\n\r\n").encode())
+        assert answer.startswith(b"HTTP/1.1 403"), answer
+
+
 # ------------------------------------------------------------------ pipelined requests
 
 

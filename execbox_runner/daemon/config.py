@@ -127,7 +127,7 @@ HELP: dict[str, str] = {
     "tokens_file": "existing file of accepted bearer tokens, one per line; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
     "tokens": "accepted bearer tokens, comma-separated (prefer the environment variable or --tokens-file)",
     "allow_unauthenticated": "serve a non-loopback address without tokens (refused otherwise)",
-    "allowed_origins": "comma-separated Origin values allowed to open sessions (else HTTP 403); empty: any",
+    "allowed_origins": "comma-separated Origin values allowed to open sessions; a handshake with any other Origin gets HTTP 403 (browsers send one, hosts do not)",
     "certfile": "existing TLS certificate chain (PEM): serve wss:// instead of ws://",
     "keyfile": "existing TLS private key (PEM), with --certfile",
     "metrics_port": "serve /metrics and the detailed /healthz on this port (over TLS with --certfile), not on --port, which then answers only /readyz and a bare /healthz for probes; 0: off, all on --port",
@@ -272,7 +272,7 @@ GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
 # Defaults that a value would not explain: sized from the machine, or empty with a meaning.
 DEFAULT_WORDS: Final = {
     "warm_workers": "the usable cores, 2 to 8",
-    "allowed_origins": "empty (any Origin)",
+    "allowed_origins": "empty (no Origin)",
     "metrics_host": "empty (--host's)",
 }
 

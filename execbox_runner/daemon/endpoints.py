@@ -4,7 +4,9 @@ Every request on the sessions' port reaches the daemon as a WebSocket handshake
 request. ``route`` answers the ones that are not sessions (``GET /healthz``,
 ``GET /readyz``, ``GET /metrics``) and refuses handshakes that may not
 become sessions: a missing, wrong or repeated bearer token (401, tokens compared in
-constant time), an Origin not allowed or repeated (403), or a daemon that cannot take a
+constant time), an Origin not listed in ``--allowed-origins`` or repeated (403: hosts send
+none, browsers always one, and a WebSocket is not bound by CORS, so without this any web page
+the user visits could run code on a runner on loopback), or a daemon that cannot take a
 session now (draining, or at its maximum of concurrent sessions: 503 with
 ``Retry-After``). All of this happens before any session exists: a host is
 never accepted and then starved. Everything else becomes a session.
@@ -125,7 +127,7 @@ class DaemonState:
     tokens: tuple[bytes, ...] = ()  # accepted bearer tokens; empty: no authentication
     metrics_tokens: tuple[bytes, ...] = ()  # bearer tokens /metrics and the detailed /healthz need; empty: none
     separate_metrics: bool = False  # /metrics and the detailed /healthz are on the metrics port only
-    allowed_origins: frozenset[str] = frozenset()  # empty: any Origin
+    allowed_origins: frozenset[str] = frozenset()  # empty: no Origin (only hosts that send none)
     share_workers: bool = False  # executions of different tokens may share worker processes
     metrics: Metrics | None = None
     sessions: int = 0
@@ -267,7 +269,7 @@ def route(request: Request, state: DaemonState, *, peer: str = "") -> Response |
         state.refusals.refuse("unauthorized", peer)
         return _unauthorized("exactly one Authorization header with a valid bearer token is required")
     origins = request.headers.get_all("Origin")
-    if state.allowed_origins and (len(origins) > 1 or not state.allowed_origins.issuperset(origins)):
+    if origins and (len(origins) > 1 or origins[0] not in state.allowed_origins):
         state.refusals.refuse("origin", peer)
         return _json(403, "Forbidden", {"error": "origin", "message": f"origin {', '.join(origins)!r} is not allowed"})
     if state.draining:
