@@ -7,7 +7,8 @@ Exit status, as every command's: 0 stopped (the MCP client closed stdio, or
 SIGINT/SIGTERM); 1 it failed: a wrapped server or the runner could not be
 started or reached, or the HTTP port cannot be bound; 2 a usage or
 configuration error: a bad flag or value, a config file that is missing or
-invalid, the ``mcp`` extra not installed. A runner that fails one execution
+invalid, the ``mcp`` extra not installed, HTTP on a non-loopback address
+without tokens (see ``access``). A runner that fails one execution
 (unreachable, refusing it) is that ``execute_code`` call's error, not an exit.
 """
 
@@ -34,6 +35,8 @@ from ..client.cli import (
 )
 from ..client.environment import TOKEN_ENV, URL_ENV, from_environment
 from ..client.runner import DEFAULT_LIMITS
+from .access import TOKEN_ENV as HTTP_TOKEN_ENV
+from .access import http_access
 from .config import load_servers
 
 PROG = "execbox-runner mcp"
@@ -48,7 +51,8 @@ def add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         formatter_class=HelpFormatter,
         epilog=exit_statuses(
             failure="a wrapped server or the runner could not be started or reached, or the port cannot be bound",
-            usage="a bad flag or value, a missing or invalid --config, the mcp extra not installed",
+            usage="a bad flag or value, a missing or invalid --config, the mcp extra not installed, HTTP off"
+            " loopback without --http-token-file",
             ok="stopped (stdio closed, SIGINT or SIGTERM)",
         )
         + """
@@ -80,6 +84,35 @@ examples:
         type=port,
         default=8000,
         help="port for --transport http, whose endpoint is /mcp; 0 picks a free port (default: %(default)s)",
+    )
+    serving.add_argument(
+        "--http-token",
+        default="",
+        metavar="TOKENS",
+        help=f"bearer tokens, comma-separated, one of which MCP clients must send over HTTP (default:"
+        f" ${HTTP_TOKEN_ENV}); prefer the variable or --http-token-file",
+    )
+    serving.add_argument(
+        "--http-token-file", default="", metavar="FILE", help="a file of such tokens, one per line (# comments)"
+    )
+    serving.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --host over HTTP without tokens (refused otherwise)",
+    )
+    serving.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="HOSTS",
+        help="comma-separated Host header values MCP clients may use, NAME:PORT, or NAME:* for any port"
+        " (default: 127.0.0.1, localhost, [::1] and --host, any port); any other gets HTTP 403",
+    )
+    serving.add_argument(
+        "--allowed-origins",
+        default="",
+        metavar="ORIGINS",
+        help="comma-separated Origin values allowed, SCHEME://NAME:PORT or SCHEME://NAME:* (default: none);"
+        " a request with any other gets HTTP 403 (browsers send one, other MCP clients do not)",
     )
     serving.add_argument(
         "--startup-timeout",
@@ -123,6 +156,20 @@ def run_mcp(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"{PROG}: {exc}; install it with: pip install 'execbox-runner[mcp]'", file=sys.stderr)
         return EXIT_USAGE
+    access = None
+    if args.transport == "http":
+        try:
+            access = http_access(
+                args.host,
+                tokens=args.http_token,
+                token_file=args.http_token_file,
+                hosts=args.allowed_hosts,
+                origins=args.allowed_origins,
+                allow_unauthenticated=args.allow_unauthenticated,
+            )
+        except ValueError as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     bounds = Bounds(args.timeout_ms, args.memory_limit_bytes, args.max_tool_calls, args.max_result_chars)
     url = args.url or from_environment(URL_ENV, PROG)
     token = args.token or from_environment(TOKEN_ENV, PROG)
@@ -136,6 +183,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         startup_timeout=args.startup_timeout,
+        access=access,
     )
     # SIGTERM unwinds like Ctrl-C, so leaving `serve` stops the local runner and the stdio servers
     # (uvicorn hands the signal back once it has shut down).

@@ -11,10 +11,13 @@ from collections.abc import Mapping
 from typing import Annotated, Literal
 
 import mcp_types
+import uvicorn
 from mcp.server import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
 
 from ..client import Runner
+from .access import Access, Guard, default_hosts
 from .codemode import DEFAULT_BOUNDS, Bounds, CodeMode
 from .config import UpstreamServer
 from .provider import mcp_tools
@@ -67,8 +70,11 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     startup_timeout: float = 30.0,
+    access: Access | None = None,
 ) -> None:
     """Connect to ``servers``, start ``runner`` (enter it here) and serve code mode until stopped.
+    Over HTTP, ``access`` says who may use it (by default: loopback Host names, no browser
+    Origin, no token; see ``access``).
 
     The runner is stopped first on the way out: a wrapped server that hangs on its way out (the SDK
     gives it seconds) must not keep a private runner alive past an MCP client's kill.
@@ -80,4 +86,13 @@ async def serve(
         if transport == "stdio":
             await server.run_stdio_async()
         else:
-            await server.run_streamable_http_async(host=host, port=port)
+            await serve_http(server, host, port, access or Access(default_hosts(host)))
+
+
+async def serve_http(server: MCPServer, host: str, port: int, access: Access) -> None:
+    """Streamable HTTP on ``host``:``port`` (``/mcp``), behind ``access``, which replaces the SDK's
+    own Host and Origin checks (those are on only for a loopback ``host``, and it has no tokens)."""
+    checks_off = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app = Guard(server.streamable_http_app(host=host, transport_security=checks_off), access)
+    config = uvicorn.Config(app, host=host, port=port, log_level=server.settings.log_level.lower())
+    await uvicorn.Server(config).serve()
