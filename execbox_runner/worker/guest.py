@@ -13,7 +13,9 @@ process, so it is only a backstop armed with the remaining wall budget times
 the cores (it can never fire early); the worker's interrupter stops a guest at
 its wall-clock deadline. Its interrupt is uncatchable by guest code; Python
 callables cannot run while a time limit is set, which is why the guest talks
-to us only through the bootstrap's outbox, read by ``poll``.
+to us only through the bootstrap's outbox, read by ``poll``, and its log lines
+through a ring in shared memory (``logring``), which another thread can read
+while the guest runs (``stream``).
 """
 
 from __future__ import annotations
@@ -507,8 +509,8 @@ class GuestRun:
                 send(lines)
 
     def last_logs(self) -> list[str]:
-        """The lines not reported yet, for an execution that ends without a ``Finished`` of its own
-        (a bug in the worker); nothing is reported of it afterwards."""
+        """The lines not reported yet, for the execution's last message (its ``Finished``, or the
+        worker's when a bug ends it); the ring goes back to the pool, and nothing is streamed after."""
         if self.ring is None:
             return []
         with logring.lock:

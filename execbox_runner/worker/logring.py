@@ -19,7 +19,8 @@ loads are ordered as written (total store order).
 
 Pages are resident only once written: a guest that logs a line costs one page, one that never logs
 none. A slot goes back to the pool when its execution ends (the pages past the first given back
-to the kernel if they were written); the pool grows a mapping of ``REGION_SLOTS`` slots at a time.
+to the kernel if they were written); the pool grows a mapping of ``REGION_SLOTS`` slots at a time,
+within the slack of the worker's address-space backstop (``loop.address_space``).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import struct
 import threading
 from typing import Final
 
-SLOT_BYTES: Final = 36 << 10  # 16 bytes of header and 32 KiB of data, rounded up to whole pages
+SLOT_BYTES: Final = 20 << 10  # 16 bytes of header and 16 KiB of data, rounded up to whole pages
 HEADER_BYTES: Final = 16
-CAPACITY: Final = 1 << 14  # code units of data
+CAPACITY: Final = 1 << 13  # code units of data: the log pump empties it every few milliseconds
 REGION_SLOTS: Final = 64
 _PAGE: Final = mmap.PAGESIZE
 _COUNTERS: Final = struct.Struct("<II")  # written, read
