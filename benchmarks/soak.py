@@ -318,8 +318,9 @@ def run_memory_bomb(s: Session, host: Host) -> None:
 
 
 def run_timeout(s: Session, host: Host) -> None:
-    """A guest that logs, then spins past its ``timeoutMs``: its ``done`` must keep the line."""
-    timeout_ms = s.rng.randint(100, 500)
+    """A guest that logs, then spins past its ``timeoutMs``: its ``done`` must keep the line (it has
+    at least 300 ms to write it, time enough even for a worker starved by a saturated machine)."""
+    timeout_ms = s.rng.randint(300, 800)
     sent = time.perf_counter()
     done = host.execute(s.next_id(), "console.log('spinning'); while (true) {}", {**OPTIONS, "timeoutMs": timeout_ms})
     s.tally.sample("timeout: done - timeoutMs (host)", (time.perf_counter() - sent) * 1000 - timeout_ms)
@@ -349,7 +350,7 @@ def run_cancel_spinning(s: Session, host: Host) -> None:
 
     def resume_then_cancel(call: dict[str, Any]) -> None:
         host.echo(call)
-        time.sleep(s.rng.uniform(0.05, 0.15))  # the guest has logged and spins by now
+        time.sleep(s.rng.uniform(0.2, 0.4))  # the guest has logged and spins by now, even on a saturated machine
         sent.append(time.perf_counter())
         host.send(cancel_message(exec_id))
 

@@ -238,3 +238,19 @@ def test_no_line_is_lost_to_timeouts_and_cancels_on_a_saturated_machine(daemon: 
         for thread in saturators:
             thread.join(timeout=120)
     assert failures == [], f"{len(failures)} of {HOSTS * EACH} lost lines, e.g. {failures[:3]}"
+
+
+def test_the_log_pump_and_the_interrupter_keep_the_daemons_priority() -> None:
+    """Guests run niced, below the daemon; a line they wrote must not wait behind them on a busy
+    machine, nor must their deadline."""
+    process, sock = start_worker("--max-memory", str(512 * MIB), "--threads", "2")
+    with sock:
+        assert isinstance(raw(sock)[1], ipc.Ready)
+        nice = {}
+        for task in os.listdir(f"/proc/{process.pid}/task"):
+            with open(f"/proc/{process.pid}/task/{task}/stat") as stat:
+                nice[int(task)] = int(stat.read().rsplit(")", 1)[1].split()[16])
+    process.wait(timeout=30)
+    values = list(nice.values())
+    # Besides them, the quickjs package's own helper thread keeps it too; the three runners are niced.
+    assert values.count(0) >= 3 and values.count(10) >= 3 and set(values) == {0, 10}, nice

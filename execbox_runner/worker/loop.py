@@ -33,8 +33,10 @@ enforces ``timeoutMs`` itself as well as the daemon. In the standard profile
 a prefault thread (``prefault.py``) faults in the heap's new pages as it grows,
 so that a burst of executions does not pay for them a page fault at a time.
 Workers run at a lower scheduling priority than the daemon: a storm of spinning
-guests cannot delay a ``done`` or a ``cancel``. The main thread only waits for
-the channel to close.
+guests cannot delay a ``done`` or a ``cancel``. The interrupter and the log pump
+keep the daemon's: they do little, and what they do (stop a guest at its
+deadline, hand its lines over) must not wait behind the guests of a busy
+machine. The main thread only waits for the channel to close.
 
 Usage (by the zygote, which calls ``run``; standalone only in tests):
 ``python -m execbox_runner.worker.loop FD [--no-sandbox] [--threads N]
@@ -254,6 +256,7 @@ class Worker:
         # Every thread starts before confinement: afterwards the kernel refuses new ones.
         self.interrupter = Interrupter()
         self.pump = LogPump(self._send)
+        os.nice(NICENESS)  # a thread's own: this one's, and those it starts from here on
         if self.threads > 1:  # hardened: one execution per process, its heap never grows much
             self.prefaulter = Prefaulter()
         self.ended.acquire()
@@ -611,7 +614,6 @@ def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> in
     # The daemon owns signals; a Ctrl-C in the terminal must not kill workers first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    os.nice(NICENESS)
     with socket.socket(fileno=fd) as sock:
         limits = None
         if not args.no_sandbox:
