@@ -236,7 +236,7 @@ def test_the_dashboard_is_importable_grafana_json() -> None:
 def promtool() -> str:
     found = shutil.which("promtool")
     if found is None:
-        pytest.skip("promtool is not installed (Debian/Ubuntu: apt-get install prometheus)")
+        pytest.fail("promtool is not installed (Debian/Ubuntu: apt-get install prometheus; .ci/run installs it)")
     return found
 
 
