@@ -94,7 +94,9 @@ class _Live(Collector):
             value=sum(state.worker_exits.values()),
         )
         exits = CounterMetricFamily(
-            "execbox_worker_exits", "Worker processes that exited, by reason (docs: Metrics and logs).", labels=["reason"]
+            "execbox_worker_exits",
+            "Worker processes that exited, by reason (docs: Metrics and logs).",
+            labels=["reason"],
         )
         for reason, count in sorted(state.worker_exits.items()):
             exits.add_metric([reason], count)
