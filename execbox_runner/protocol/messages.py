@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
@@ -205,8 +206,13 @@ def decode_host(data: bytes | str) -> HostMessage:
         detail: str | None = str(exc)
     except (msgspec.DecodeError, RecursionError, BadJSON):
         detail = None  # maybe valid all the same: the outline decides
+
+    def enough(members: dict[str, tuple[int, int]]) -> bool:
+        """Whether a message too deep to take says what its answer needs: its type, an execute's id."""
+        return "type" in members and ("id" in members or _member_string(raw, members, "type") != "execute")
+
     try:
-        members, deep = _outline(raw)
+        members, deep = _outline(raw, enough)
     except BadJSON as exc:
         raise BadMessage("json", str(exc)) from None
     if members is None:
@@ -290,15 +296,25 @@ _TOKEN: Final = re.compile(
 _SPACE: Final = re.compile(rb"[ \t\n\r]*+\Z")
 
 
-def _outline(data: bytes) -> tuple[dict[str, tuple[int, int]] | None, bool]:
+def _outline(
+    data: bytes, enough: Callable[[dict[str, tuple[int, int]]], bool] = lambda members: True
+) -> tuple[dict[str, tuple[int, int]] | None, bool]:
     """Check ``data`` is one JSON value, without recursion, at any depth.
 
     Returns the byte spans of the members of a top-level object (None for any
     other value), so a caller can decode them one by one, and whether the value
-    nests deeper than ``MAX_DEPTH`` (its shallow members, such as an execute's
-    ``id``, can still be read). Lone surrogate escapes are JSON; invalid UTF-8 is not.
+    nests deeper than ``MAX_DEPTH``: then the outline stops there if the members
+    read so far are ``enough``, else it reads on for the shallow members (such as
+    an execute's ``id``). Lone surrogate escapes are JSON; invalid UTF-8 is not.
+
+    msgspec judges first whether ``data`` is JSON at all (``_json_error``): the
+    outline reads a token at a time, and a large document that is not JSON held
+    the daemon, and every session on it, for seconds.
     """
     _check_utf8(data)
+    error = _json_error(data)
+    if error is not None:
+        raise BadJSON(f"invalid JSON ({error})")
     deep = False
     stack = bytearray()  # the open containers, b"[" or b"{" (at most one byte per byte of data)
     members: dict[str, tuple[int, int]] | None = None
@@ -315,7 +331,10 @@ def _outline(data: bytes) -> tuple[dict[str, tuple[int, int]] | None, bool]:
             if len(stack) == 1 and members is not None:
                 start = at
             if kind == "open":
-                deep = deep or len(stack) == MAX_DEPTH
+                if len(stack) == MAX_DEPTH and not deep:
+                    deep = True
+                    if members is None or enough(members):
+                        return members, deep
                 stack += data[at : at + 1]
                 if len(stack) == 1 and stack[0] == ord("{"):
                     members = {}
@@ -345,6 +364,26 @@ def _outline(data: bytes) -> tuple[dict[str, tuple[int, int]] | None, bool]:
     if _SPACE.match(data, pos) is None:
         raise BadJSON(f"invalid JSON at byte {pos}: trailing data")
     return members, deep
+
+
+# A surrogate escape, lone or paired: replaced by another six-byte escape, JSON stays JSON (or not).
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _json_error(data: bytes) -> str | None:
+    """msgspec's reason why ``data`` is not JSON, lone surrogate escapes allowed; None when it is, or
+    when it nests too deeply for msgspec to say (the outline decides then).
+
+    An escape of the form ``\\uD800`` becomes ``\\u0041`` whether it is one (a surrogate, lone or
+    not) or follows an escaped backslash (plain text): the text is JSON exactly when it was,
+    but for its surrogates, which msgspec refuses and JavaScript strings hold."""
+    try:
+        _raw_decoder.decode(_SURROGATE_ESCAPE.sub(rb"\\u0041", data))
+    except msgspec.DecodeError as exc:
+        return str(exc)
+    except RecursionError:
+        return None
+    return None
 
 
 def _check_utf8(data: bytes) -> None:

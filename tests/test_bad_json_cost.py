@@ -1,0 +1,85 @@
+"""A bad host message costs the daemon what msgspec spends on it, not a token at a time in Python.
+
+The daemon is one thread: a frame that takes it seconds to judge delays every session. The outline
+(``messages._outline``) reads a token at a time, so these tests count its tokens instead of timing
+anything: a document that is not JSON is refused before the outline reads one, and one nested too
+deeply is read only down to the depth that makes it too deep.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from execbox_runner.protocol import messages
+from execbox_runner.protocol.messages import MAX_DEPTH, BadJSON, BadMessage, checked_json, decode_host
+
+
+class CountingPattern:
+    """``_TOKEN`` with a count of the tokens it matched."""
+
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern = pattern
+        self.matched = 0
+
+    def match(self, data: bytes, pos: int) -> Any:
+        self.matched += 1
+        return self.pattern.match(data, pos)
+
+
+@pytest.fixture
+def tokens(monkeypatch: pytest.MonkeyPatch) -> CountingPattern:
+    counting = CountingPattern(messages._TOKEN)
+    monkeypatch.setattr(messages, "_TOKEN", counting)
+    return counting
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"[" + b"1," * 1_000_000,  # a long array cut short
+        b'{"type":"tool_result","callId":"c","ok":true,"result":[' + b"1," * 1_000_000 + b"]]}",
+        b'{"type":"execute","id":"e","code":"' + b"a" * 1_000_000 + b'\\x"}',  # a bad escape at the end
+        b'{"type":"cancel","id":"e"} trailing',
+    ],
+)
+def test_a_document_that_is_not_json_is_refused_before_the_outline(tokens: CountingPattern, text: bytes) -> None:
+    with pytest.raises(BadMessage) as refused:
+        decode_host(text)
+    assert refused.value.kind == "json"
+    assert tokens.matched == 0
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 5 * MAX_DEPTH])
+def test_a_message_too_deep_is_read_down_to_the_depth_that_makes_it_so(tokens: CountingPattern, depth: int) -> None:
+    text = b'{"type":"execute","id":"deep","code":' + b"[" * depth + b"]" * depth + b"}"
+    with pytest.raises(BadMessage) as refused:
+        decode_host(text)
+    assert (refused.value.kind, refused.value.execute_id) == ("schema", "deep")
+    assert tokens.matched < MAX_DEPTH + 20
+
+
+def test_the_shallow_members_after_a_deep_one_are_still_read(tokens: CountingPattern) -> None:
+    """The execute's id comes after the deep member: it is read all the same, so the execute gets its done."""
+    depth = MAX_DEPTH + 1
+    text = b'{"type":"execute","code":' + b"[" * depth + b"]" * depth + b',"id":"late"}'
+    with pytest.raises(BadMessage) as refused:
+        decode_host(text)
+    assert (refused.value.kind, refused.value.execute_id) == ("schema", "late")
+
+
+def test_worker_json_too_deep_is_refused_at_that_depth(tokens: CountingPattern) -> None:
+    depth = 3 * MAX_DEPTH
+    with pytest.raises(BadJSON):
+        checked_json(b"[" * depth + b"]" * depth)
+    assert tokens.matched < MAX_DEPTH + 20
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b'"\\ud800"', b'["\\udc00x"]', b'"\\\\ud800"', b'{"a":"\\ud83d\\ude00","b":"\\udfff"}'],
+)
+def test_lone_surrogate_escapes_are_still_json(text: bytes) -> None:
+    assert bytes(checked_json(text)) == text
