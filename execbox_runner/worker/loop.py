@@ -45,6 +45,7 @@ Usage (by the zygote, which calls ``run``; standalone only in tests):
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import collections
 import functools
@@ -105,14 +106,15 @@ class Interrupter:
     """A thread that pokes guests until each has taken its abort (or ~2 s passed): those asked
     to abort, and those still running at their deadline."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """``start`` starts the thread (a new ``threading.Thread`` if None)."""
         self._pending: dict[GuestRun, int] = {}
         # A heap of (deadline, sequence, guest): weak, so that an ended execution's runtime is freed
         # at once, and never by id(), which a later guest can reuse.
         self._deadlines: list[tuple[float, int, weakref.ref[GuestRun]]] = []
         self._sequence = itertools.count()
         self._wake = threading.Condition()
-        threading.Thread(target=self._run, name="interrupter", daemon=True).start()
+        (start or _thread_of)(self._run)
 
     def request(self, guest: GuestRun) -> None:
         with self._wake:
@@ -174,11 +176,14 @@ class LogPump:
     It wakes only while a step runs, every ``PUMP_INTERVAL_S``: a step that ends first reports its
     lines itself."""
 
-    def __init__(self, send: Callable[[int, ipc.FromWorker], None]) -> None:
+    def __init__(
+        self, send: Callable[[int, ipc.FromWorker], None], start: Callable[[Callable[[], None]], None] | None = None
+    ) -> None:
+        """``start`` as for ``Interrupter``."""
         self._send = send
         self._stepping: dict[int, GuestRun] = {}  # slot -> its guest, while a runner runs a step of it
         self._wake = threading.Condition(threading.Lock())
-        threading.Thread(target=self._run, name="log-pump", daemon=True).start()
+        (start or _thread_of)(self._run)
 
     def stepping(self, slot: int, guest: GuestRun) -> None:
         with self._wake:
@@ -203,6 +208,37 @@ class LogPump:
 
     def _report(self, slot: int, lines: list[str]) -> None:
         self._send(slot, ipc.ToolCalls(calls=[], logs=lines))
+
+
+def _thread_of(target: Callable[[], None]) -> None:
+    threading.Thread(target=target, daemon=True).start()
+
+
+class _Threads:
+    """Starts threads without waiting for each one to run, and waits once for all of them.
+
+    ``threading.Thread.start`` waits for each new thread to run: a hand-off between two threads
+    per thread, a large part of the start of a worker that hosts one execution. Confinement
+    waits for them all (``wait``): each has made its own start-up system calls by then."""
+
+    def __init__(self) -> None:
+        self._running = threading.Condition(threading.Lock())
+        self._started = 0
+        self._run = 0
+
+    def start(self, target: Callable[[], None]) -> None:
+        self._started += 1
+        _thread.start_new_thread(self._bootstrap, (target,))
+
+    def _bootstrap(self, target: Callable[[], None]) -> None:
+        with self._running:
+            self._run += 1
+            self._running.notify()
+        target()
+
+    def wait(self) -> None:
+        with self._running:
+            self._running.wait_for(lambda: self._run == self._started)
 
 
 @dataclass(eq=False, slots=True)
@@ -250,20 +286,24 @@ class Worker:
 
         ``runtime`` is the first execution's, when the zygote prepared it before forking.
         """
-        normalize("0")  # load the parser before the first request
-        # (fresh_runtime also compiles the bootstrap, while files can still be read.)
-        self.spare = runtime or fresh_runtime()
+        if runtime is None:  # else the zygote loaded the parser and compiled the bootstrap
+            normalize("0")  # load the parser before the first request
+            # (fresh_runtime also compiles the bootstrap, while files can still be read.)
+            runtime = fresh_runtime()
+        self.spare = runtime
         # Every thread starts before confinement: afterwards the kernel refuses new ones.
-        self.interrupter = Interrupter()
-        self.pump = LogPump(self._send)
+        threads = _Threads()
+        self.interrupter = Interrupter(threads.start)
+        self.pump = LogPump(self._send, threads.start)
         os.nice(NICENESS)  # a thread's own: this one's, and those it starts from here on
         if self.threads > 1:  # hardened: one execution per process, its heap never grows much
             self.prefaulter = Prefaulter()
         self.ended.acquire()
         previous = threading.stack_size(STACK_BYTES)
-        for index in range(self.threads + 1):
-            threading.Thread(target=self._runner, name=f"runner-{index}", daemon=True).start()
+        for _ in range(self.threads + 1):
+            threads.start(self._runner)
         threading.stack_size(previous)
+        threads.wait()
         missing = sandbox.confine(self.sock.fileno(), self.limits) if self.limits is not None else ["all"]
         if self.probe:
             self.sock.sendall(ipc.frame(0, ipc.Probed(outcomes=sandbox.probe(), missing=missing)))

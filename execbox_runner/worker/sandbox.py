@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 import resource
@@ -118,6 +119,7 @@ class Limits:
     open_files: int = 16
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
@@ -168,19 +170,27 @@ def _filter(allowed: Iterable[int]) -> bytes:
     )
 
 
+class _SockFprog(ctypes.Structure):
+    """``struct sock_fprog``: a BPF program's length in instructions and its address."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+@functools.cache
+def _allowlist() -> bytes:
+    """The worker's filter, made once (by the zygote, before it forks: see ``isolate``)."""
+    return _filter(ALLOWED_SYSCALLS.values())
+
+
 def _install_allowlist() -> None:
     """``no_new_privs`` and the worker's seccomp filter, for this process and all its threads."""
-    program = _filter(ALLOWED_SYSCALLS.values())
+    program = _allowlist()
     libc = _libc()
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     instructions = len(program) // 8
     buffer = ctypes.create_string_buffer(program)
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = SockFprog(instructions, ctypes.cast(buffer, ctypes.c_void_p))
+    fprog = _SockFprog(instructions, ctypes.cast(buffer, ctypes.c_void_p))
     libc.syscall.restype = ctypes.c_long
     if (
         libc.syscall(
@@ -194,6 +204,7 @@ def _install_allowlist() -> None:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
 
 
+@functools.cache
 def seccomp_supported() -> bool:
     return (
         platform.machine() == "x86_64"
@@ -317,6 +328,8 @@ def isolate() -> list[str]:
         except OSError:
             missing.append("drop_privileges")
     _isolated = missing
+    if seccomp_supported():  # what confine needs, made here once: each child inherits it made
+        _allowlist()
     return missing
 
 

@@ -30,6 +30,7 @@ Usage (by the pool only): ``python -m execbox_runner.worker.zygote FD [worker op
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import select
 import signal
@@ -49,6 +50,9 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
     normalize("0")
     # Each child inherits its own copy of this runtime, fresh and never used here.
     runtime = fresh_runtime()
+    # What exists now lives as long as the zygote: a collection in a child would touch all of it,
+    # copying every page the child shares with the zygote.
+    gc.freeze()
     wakeup, wakeup_in = os.pipe()
     os.set_blocking(wakeup, False)
     os.set_blocking(wakeup_in, False)
