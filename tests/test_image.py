@@ -1,5 +1,5 @@
 """The production image (deploy/Dockerfile), built with podman on a base made from Debian's packages,
-run as the deploy docs say: it is ready within 5 s, passes the conformance kit over TLS, runs as
+run as the deploy docs say: it becomes ready (in how long is printed), passes the conformance kit over TLS, runs as
 uid 65532 on a read-only root with the daemon as PID 1, keeps guest code off the network (each
 worker in a user and network namespace of its own, under podman's default seccomp profile), and on
 SIGTERM drains and exits 0 within the drain grace. The kustomized Deployment runs under
@@ -21,7 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from .test_userns import enter_network_of, namespace, status
 
 TOKEN = "image-token"
 PORT = 8765  # the image's sessions' port
-READY_WITHIN_S = 5.0
+READY_TIMEOUT_S = 60.0  # how long the tests wait for /readyz
 DRAIN_GRACE_S = 5
 USER = 65532
 KUSTOMIZE = containerkit.DEPLOY / "kubernetes"
@@ -121,7 +121,7 @@ def readiness(base: str, context: ssl.SSLContext) -> str:
         return f"no answer: {exc}"
 
 
-def wait_ready(base: str, context: ssl.SSLContext, since: float, timeout: float = 60) -> float:
+def wait_ready(base: str, context: ssl.SSLContext, since: float, timeout: float = READY_TIMEOUT_S) -> float:
     """Seconds from ``since`` until /readyz answered ready."""
     last = ""
     while time.monotonic() < since + timeout:
@@ -148,9 +148,14 @@ def served(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
         yield running
 
 
-def test_the_documented_run_is_ready_within_5_s(served: Served) -> None:
-    """From `podman run` to /readyz answering ready: the container's start, the daemon's, its warm workers."""
-    assert served.ready_after_s < READY_WITHIN_S
+def test_the_documented_run_becomes_ready(served: Served, record_property: Callable[[str, object], None]) -> None:
+    """From `podman run` to /readyz answering ready: the container's start, the daemon's, its warm workers.
+
+    Nothing here is timed beyond the wait's own bound: the seconds it took are printed (``-s``) and
+    kept in the JUnit report, and the performance page quotes them."""
+    print(f"documented run ready after {served.ready_after_s:.2f} s")
+    record_property("ready_after_s", round(served.ready_after_s, 2))
+    assert served.ready_after_s < READY_TIMEOUT_S
 
 
 def test_the_image_passes_the_conformance_kit_over_tls(served: Served) -> None:
