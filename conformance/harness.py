@@ -1,8 +1,8 @@
-"""The kit's first API, kept stable for existing callers, and the console script's entry point.
+"""The kit's first API, kept stable for existing callers (``execbox_runner_conformance.harness``).
 
-``execbox-runner replay`` and pyproject's ``execbox-conformance`` script import
-from here; the forms here never raise, so a caller replaying many recorded
-sessions gets a verdict on each. New code should import from the package: one
+The forms here never raise, so a caller replaying many recorded sessions gets a
+verdict on each (``execbox-runner replay`` uses ``runner`` directly, and the
+``execbox-conformance`` script is ``cli:main``). New code should import from the package: one
 module per concept, ``transcript`` (the format), ``matcher``, ``runner``,
 ``report`` and ``cli``.
 """

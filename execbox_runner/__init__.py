@@ -1,9 +1,11 @@
 """execbox-runner: a daemon that runs untrusted guest JavaScript for execbox hosts.
 
-Three layers, one subpackage each: ``protocol`` (pure rules and message types),
-``daemon`` (the WebSocket side: sockets, trio, the worker pool) and ``worker``
-(the confined processes where guest code runs). ``daemon`` and ``worker`` both
-depend on ``protocol``; the worker never imports the daemon.
+Five subpackages, one per part: ``protocol`` (pure rules and message types),
+``daemon`` (the WebSocket side: sockets, trio, the worker pool), ``worker`` (the
+confined processes where guest code runs), ``client`` (hosts in Python) and
+``mcp`` (code mode for MCP clients, on the client). ``daemon`` and ``worker``
+both depend on ``protocol``; the worker never imports the daemon; ``client`` and
+``mcp`` reach a daemon over the wire only, importing neither (``tests/test_layers.py``).
 """
 
 __version__ = "0.2.0.dev0"

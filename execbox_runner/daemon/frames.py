@@ -3,9 +3,9 @@
 Hosts send each message as one masked text frame, and end the session with a
 close frame; the daemon answers with unmasked text frames and echoes the close.
 websockets' Sans-I/O ``Protocol`` does all that through generator coroutines and
-generic frame objects: ~16 us of the daemon's CPU per trivial session (making it
-~4, the ``execute`` frame ~3, ``started`` and ``done`` ~2, the closing handshake
-~6). ``PlainFrames`` offers the part of ``Protocol``'s interface the connection
+generic frame objects, a cost paid on every frame of every session (making the
+protocol, the ``execute`` frame, ``started`` and ``done``, the closing handshake).
+``PlainFrames`` offers the part of ``Protocol``'s interface the connection
 uses and does those cases itself, as ``Protocol`` would; on anything else it
 hands the bytes from that frame on to a ``Protocol`` of its own, which from then
 on does everything, so that every unusual frame (ping, binary, fragment, a bad

@@ -3,8 +3,8 @@
 Hosts send their whole handshake request in one write, and nearly every one is
 the same plain upgrade. websockets' Sans-I/O server reads it line by line
 through generator coroutines and builds its answer in a generic ``Headers``
-object: ~130 us of the daemon's CPU per session, a tenth of what a trivial
-execution costs it. ``parse_upgrade`` reads such a request in one pass and
+object, a large share of what a trivial execution costs the daemon.
+``parse_upgrade`` reads such a request in one pass and
 recognises only what is plainly valid: a complete ``GET`` request in HTTP/1.1,
 no body, well-formed header lines, and ``Upgrade: websocket``, ``Connection``
 naming ``upgrade``, one ``Sec-WebSocket-Key`` of 16 bytes and one

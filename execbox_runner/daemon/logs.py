@@ -110,9 +110,9 @@ class LineWriter(logging.StreamHandler):  # type: ignore[type-arg]
 
     While ``serving`` (set by the server while its reactor runs), a line waits for the thread, which
     gathers for ``gather_s`` after the first one and writes what came in one write. Each wake-up of
-    the thread takes the GIL from the reactor, and costs it far more than the write: at c=64 a
-    wake-up per reactor pass cost the daemon ~100 us per execution, one per 10 ms ~80 us, one per
-    100 ms nothing to be seen (six alternated pairs each). At most ``buffer_bytes`` of lines wait
+    the thread takes the GIL from the reactor, and costs it far more than the write: a wake-up per
+    reactor pass, or every 10 ms, showed in the daemon's CPU per execution at c=64; one per
+    ``gather_s`` does not. At most ``buffer_bytes`` of lines wait
     for the stream; past that, lines are dropped and counted (``dropped``), and where they are
     missing a WARNING line says how many. Otherwise (start-up, shutdown) a line is written before
     ``emit`` returns, waiting at most ``drain_s`` for a stream that does not take it; ``flush``
@@ -313,7 +313,7 @@ def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: s
 def _direct() -> tuple[LineWriter, JsonFormatter] | None:
     """The daemon's own JSON handler, when it alone would take an execution line (no other handler,
     no filter, the level enabled): the line is then made as its formatter would make it, without
-    the logging module's record and dispatch (~8 us less per execution). Anything else that
+    the logging module's record and dispatch, which cost more than the line itself. Anything else that
     listens (another handler, a test's capture) gets the line the ordinary way."""
     root = logging.root
     if len(root.handlers) != 1 or root.filters or EXECUTIONS.handlers or EXECUTIONS.filters or not EXECUTIONS.propagate:

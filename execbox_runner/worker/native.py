@@ -23,7 +23,7 @@ JavaScript, and all four matter here:
   code can make or hold. A build of ``deploy/quickjs/build.py`` makes the same
   check in C (``NATIVE_BUDGET``), where the arena allocator calls the hooks, and
   then no hook is installed: each hook is a ctypes callback that takes the GIL
-  back while the guest runs: ~15 us of a worker's CPU per trivial execution.
+  back while the guest runs, on every allocation of every execution.
 * ``share`` gives a context an ArrayBuffer over memory the worker owns
   (``JS_NewArrayBuffer`` without a function to free it), where the bootstrap
   writes log lines for the worker to read while the guest runs (``logring``).
@@ -313,10 +313,10 @@ def budget_in_c() -> bool:
 # ``deploy/quickjs/build.py`` has smaller ones and says so in the module.
 ARENA_BYTES: Final[int] = getattr(quickjs, "ARENA_BYTES", 4096)
 # Whether freeing a runtime frees its arenas and large blocks whole instead of every object one
-# by one (a build of ``deploy/quickjs/build.py``; ~40 us less of a worker's CPU per execution).
+# by one (a build of ``deploy/quickjs/build.py``; less of a worker's CPU per execution).
 DISCARDS_RUNTIMES: Final[bool] = getattr(quickjs, "DISCARDS_RUNTIMES", False)
 # Whether the standard library's accessors are made on first use rather than with every runtime
-# (a build of ``deploy/quickjs/build.py``; ~10 KiB and ~10 us of a worker's CPU per execution).
+# (a build of ``deploy/quickjs/build.py``; less memory and CPU per execution).
 LAZY_ACCESSORS: Final[bool] = getattr(quickjs, "LAZY_ACCESSORS", False)
 # Whether the time limit reads the CPU clock at the engine's first check in a call rather than as
 # the call starts (a build of ``deploy/quickjs/build.py``: most calls end before a check and read
@@ -480,8 +480,8 @@ def trim_heap() -> bool:
     """Give the C heap's free pages back to the kernel; whether any were.
 
     Freed runtimes leave their pages in the heap, resident, and glibc returns
-    only the top of it by itself. This walks the free memory (about 10 ms per
-    60 MiB to give back, ~1 ms when little is free) and holds the allocator's
-    lock meanwhile: other threads that allocate wait.
+    only the top of it by itself. This walks the free memory (its time grows
+    with what there is to give back) and holds the allocator's lock meanwhile:
+    other threads that allocate wait.
     """
     return _malloc_trim is not None and _malloc_trim(0) == 1

@@ -1,9 +1,8 @@
 """The worker's C heap, faulted in ahead of use by a thread of its own.
 
-Every page an execution's runtime touches for the first time is a page fault:
-about 2-3 us each in a virtual machine, some 45 of them for each runtime a burst
-of parked executions adds (a fifth of what starting one costs the runner that
-reads the channel). So glibc is asked to extend the heap ``PAD_BYTES`` at a time
+Every page an execution's runtime touches for the first time is a page fault,
+costly in a virtual machine, and a burst of parked executions adds dozens per
+runtime, on the runner that reads the channel. So glibc is asked to extend the heap ``PAD_BYTES`` at a time
 (``M_TOP_PAD``), and each time the heap's break moves up, this thread faults the
 new stretch in with one ``madvise(MADV_POPULATE_WRITE)``: on another core when
 one is free, in one system call rather than one fault per page, while the
