@@ -408,3 +408,29 @@ def test_abort_keeps_logs_even_when_the_unwinding_guest_spins() -> None:
     assert isinstance(guest.start(), ipc.ToolCalls)
     finished = guest.abort()
     assert (finished.code, finished.logs) == ("timeout", ["unwinding"])
+
+
+def test_results_that_arrive_together_resume_the_guest_once() -> None:
+    """Ten parallel calls answered together: settled in order, then one step (one poll of the engine),
+    not ten; each continuation still runs, in the order the results came."""
+    code = (
+        "const order = [];"
+        " await Promise.all([1, 2, 3, 4, 5, 6, 7, 8, 9, 10].map((i) => tools.echo(i).then((r) => order.push(r))));"
+        " order"
+    )
+    guest = GuestRun(run_message(code, providers=[("tools", ["echo"])]))
+    started = guest.start()
+    assert isinstance(started, ipc.ToolCalls) and len(started.calls) == 10
+    polls = 0
+    api = guest.api
+
+    def counting(name: str, *args: Any) -> Any:
+        nonlocal polls
+        polls += name == "poll"
+        return api(name, *args)
+
+    guest.api = counting  # type: ignore[method-assign]
+    answers = [ipc.Settle(call_id=call[0], ok=True, value=call[3]) for call in reversed(started.calls)]
+    finished = guest.settle(*answers)
+    assert isinstance(finished, ipc.Finished) and json.loads(finished.result or b"null") == list(range(10, 0, -1))
+    assert polls == 1

@@ -15,7 +15,7 @@ import pytest
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import guest, loop
 from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun, Runtime
-from execbox_runner.worker.loop import TURN_CHECK_S, Hosted, Runner, Worker
+from execbox_runner.worker.loop import TURN_CHECK_S, Hosted, Runner, Worker, _batched
 
 from .guestkit import run_message
 from .test_sandbox import receive, receive_any, start_worker
@@ -206,10 +206,10 @@ def test_results_arriving_while_a_slot_drains_are_each_taken_once_in_order_and_n
     count = 20_000
     taken: list[int] = []
 
-    def take(slot: Hosted, message: ipc.ToWorker, me: Runner | None) -> ipc.ToolCalls:
-        assert isinstance(message, ipc.Settle)
-        taken.append(message.call_id)
-        if message.call_id == 0:  # meanwhile the next leader read every other result
+    def take(slot: Hosted, message: ipc.ToWorker | list[ipc.Settle], me: Runner | None) -> ipc.ToolCalls:
+        assert isinstance(message, list)  # the results that arrived together, taken in one step
+        taken.extend(settle.call_id for settle in message)
+        if taken == [0]:  # meanwhile the next leader read every other result
             for call_id in range(1, count):
                 worker._dispatch(1, ipc.Settle(call_id=call_id, ok=True))
         return ipc.ToolCalls(calls=[], logs=[])
@@ -219,3 +219,13 @@ def test_results_arriving_while_a_slot_drains_are_each_taken_once_in_order_and_n
     worker._drain(hosted, None)
     assert taken == list(range(count)) and not hosted.scheduled
     assert _Mailbox.moved < count
+
+
+def test_a_run_of_tool_results_is_taken_in_one_step_and_nothing_moves_past_an_abort() -> None:
+    settles = [ipc.Settle(call_id=n, ok=True) for n in range(4)]
+    abort = ipc.Abort()
+    assert _batched([settles[0], settles[1], abort, settles[2], settles[3]]) == [
+        [settles[0], settles[1]],
+        abort,
+        [settles[2], settles[3]],
+    ]

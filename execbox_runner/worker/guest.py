@@ -387,12 +387,16 @@ class GuestRun:
             )
         return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
 
-    def settle(self, message: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
+    def settle(self, *messages: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
+        """Resolve or reject the tool calls ``messages`` answer, in order, then run one step: the
+        results of calls made in parallel, arrived together, resume the guest once."""
         if self.finished is not None:
             return self.finished
         self._refusals_before = self.memory.refusals  # the guest resumes: older refusals are not its failure's
         self._resumed = True
-        if message.call_id in self.waiting:
+        for message in messages:
+            if message.call_id not in self.waiting:
+                continue
             self.waiting.discard(message.call_id)
             value = None if message.value is None else message.value.decode()
             try:
@@ -400,6 +404,8 @@ class GuestRun:
                 self.api("settle", message.call_id, message.ok, value, message.code, message.message)
             except quickjs.JSException as exc:
                 return self._engine_failure(exc)
+            except _Interrupted:
+                return self._interrupted()
         return self.step()
 
     def interrupt(self) -> bool:

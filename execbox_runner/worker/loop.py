@@ -522,7 +522,7 @@ class Worker:
                 if not messages:
                     hosted.scheduled = False
                     return
-            for message in messages:
+            for message in _batched(messages):
                 out = self._take(hosted, message, me)
                 if isinstance(out, ipc.Finished):
                     self._end(hosted)
@@ -531,11 +531,14 @@ class Worker:
                 if out.calls or out.logs:
                     self._send(hosted.slot, out)
 
-    def _take(self, hosted: Hosted, message: ipc.ToWorker, me: Runner | None) -> ipc.ToolCalls | ipc.Finished:
-        """One message of a slot, a step; ``me`` as for ``_run``.
+    def _take(
+        self, hosted: Hosted, message: ipc.ToWorker | list[ipc.Settle], me: Runner | None
+    ) -> ipc.ToolCalls | ipc.Finished:
+        """One message of a slot (or the tool results that arrived together), a step; ``me`` as for
+        ``_run``.
 
         A Run's CPU is counted from when its guest is made: making it (a runtime when no spare
-        was prepared, the code normalized) is work of ~0.5 ms that runs no guest code. Counted
+        was prepared, the code normalized) is work that runs no guest code. Counted
         in, it pushed steps past ``TURN_CHECK_S`` on a loaded worker, the lead passed at every
         step and the runners contended for the GIL: twice the CPU per execution, and the backlog
         that caused it grew. A guest that takes long to make still passes the lead by the step's
@@ -561,8 +564,8 @@ class Worker:
             return self._step(hosted.slot, guest, guest.start)
         running = hosted.guest
         assert running is not None  # Run is always a slot's first message
-        if isinstance(message, ipc.Settle):
-            return self._step(hosted.slot, running, lambda: running.settle(message))
+        if isinstance(message, list):  # tool results that arrived together: one step
+            return self._step(hosted.slot, running, lambda: running.settle(*message))
         if isinstance(message, ipc.Evict):
             return running.evict()
         return self._step(hosted.slot, running, running.abort)
@@ -597,6 +600,19 @@ class Worker:
         data = ipc.frame(slot, message)
         with self.send_lock:
             self.sock.sendall(data)
+
+
+def _batched(messages: list[ipc.ToWorker]) -> list[ipc.ToWorker | list[ipc.Settle]]:
+    """``messages`` in order, each run of Settles gathered into one list: taken in one step."""
+    out: list[ipc.ToWorker | list[ipc.Settle]] = []
+    for message in messages:
+        if not isinstance(message, ipc.Settle):
+            out.append(message)
+        elif out and isinstance(out[-1], list):
+            out[-1].append(message)
+        else:
+            out.append([message])
+    return out
 
 
 def _step_begins(runner: Runner, *, counting_cpu: bool = True) -> None:
