@@ -25,8 +25,8 @@ import time
 
 import trio
 
-from execbox_runner.daemon import reactor as reactor_module
-from execbox_runner.daemon.reactor import READ, Reactor
+from execbox_runner.daemon.net import reactor as reactor_module
+from execbox_runner.daemon.net.reactor import READ, Reactor
 
 
 def feed(sock: socket.socket, gap_s: float, seconds: float) -> None:

@@ -8,10 +8,10 @@ import socket
 
 import pytest
 
-from execbox_runner.daemon.endpoints import Refusals
-from execbox_runner.daemon.reactor import Reactor
+from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.net.transport import Transport
+from execbox_runner.daemon.observability.endpoints import Refusals
 from execbox_runner.daemon.server import Handshakes
-from execbox_runner.daemon.transport import Transport
 
 
 class Accepted:

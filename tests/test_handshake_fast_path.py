@@ -1,4 +1,4 @@
-"""The opening handshake's fast path (``daemon/handshake.py``): whenever it takes a request,
+"""The opening handshake's fast path (``daemon/net/handshake.py``): whenever it takes a request,
 websockets' own server would have parsed the same request and accepted it with the same
 ``Sec-WebSocket-Accept``; everything else is left to websockets. And over real sockets, a
 session opens on either path."""
@@ -20,7 +20,7 @@ from websockets.http11 import MAX_LINE_LENGTH, Request
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from execbox_runner.daemon import handshake
+from execbox_runner.daemon.net import handshake
 
 from .daemonkit import execute, running_daemon
 from .test_http_edge import SOCKET_TIMEOUT_S, UPGRADE, address, masked_text

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from execbox_runner.daemon.endpoints import REFUSAL_LINES_BURST, REFUSAL_LINES_PER_S
+from execbox_runner.daemon.observability.endpoints import REFUSAL_LINES_BURST, REFUSAL_LINES_PER_S
 from execbox_runner.daemon.server import MAX_HANDSHAKES
 
 from .daemonkit import Daemon, children_of, client, execute, receive, run_to_done, running_daemon

@@ -89,3 +89,34 @@ def test_the_scan_resolves_relative_imports() -> None:
     """``from ..daemon import pool`` in the worker is seen as ``execbox_runner.daemon.pool``."""
     names = imported_names("from ..daemon import pool\nfrom . import native\nimport trio", "execbox_runner.worker")
     assert {"execbox_runner.daemon", "execbox_runner.daemon.pool", "execbox_runner.worker.native", "trio"} <= names
+
+
+# What each part of the daemon may import of the rest of the daemon: the socket path knows nothing of
+# the protocol's rules, the workers or what is reported; what is reported knows nothing of sockets or
+# workers; the pool drives workers' channels through the reactor. The core (server, connection,
+# config, cli, ...) ties them together.
+DAEMON_PARTS = {
+    "net": {"execbox_runner.daemon.net"},
+    "observability": {"execbox_runner.daemon.observability"},
+    "pool": {"execbox_runner.daemon.pool", "execbox_runner.daemon.net.reactor", "execbox_runner.daemon.machine"},
+}
+
+
+@pytest.mark.parametrize("part", sorted(DAEMON_PARTS))
+def test_each_part_of_the_daemon_imports_only_what_it_may(part: str) -> None:
+    allowed = DAEMON_PARTS[part]
+    for path in (PACKAGE / "daemon" / part).rglob("*.py"):
+        package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
+        bad = {
+            name
+            for name in imported_names(path.read_text(), package)
+            if name.startswith("execbox_runner.daemon.")
+            and not any(name == ok or name.startswith(ok + ".") for ok in allowed)
+        }
+        assert not bad, f"daemon/{part}/{path.name} imports {sorted(bad)}"
+
+
+def test_the_net_part_knows_no_protocol_rules() -> None:
+    for path in (PACKAGE / "daemon" / "net").rglob("*.py"):
+        package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
+        assert not {n for n in imported_names(path.read_text(), package) if n.startswith("execbox_runner.protocol")}

@@ -8,9 +8,9 @@ import socket
 import pytest
 import trio
 
-from execbox_runner.daemon import workers
-from execbox_runner.daemon.reactor import Reactor
-from execbox_runner.daemon.workers import LEASE_BACKLOG_BYTES, Lease, Worker, WorkerLost
+from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.pool import worker as workers
+from execbox_runner.daemon.pool.worker import LEASE_BACKLOG_BYTES, Lease, Worker, WorkerLost
 from execbox_runner.protocol import ipc
 
 

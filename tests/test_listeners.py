@@ -14,8 +14,8 @@ from typing import Any
 
 import trio
 
-from execbox_runner.daemon.listeners import BURST, Acceptor, Listener, listen
-from execbox_runner.daemon.reactor import Reactor
+from execbox_runner.daemon.net.listeners import BURST, Acceptor, Listener, listen
+from execbox_runner.daemon.net.reactor import Reactor
 
 from .daemonkit import client, run_to_done, running_daemon
 

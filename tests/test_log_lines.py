@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from execbox_runner.daemon import logs
-from execbox_runner.daemon.logs import JsonFormatter, LineWriter, _whole_lines
+from execbox_runner.daemon.observability import logs
+from execbox_runner.daemon.observability.logs import JsonFormatter, LineWriter, _whole_lines
 from execbox_runner.protocol.session import ExecutionEnded
 
 from .daemonkit import client, run_to_done, running_daemon

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from websockets.frames import Opcode
 from websockets.protocol import Protocol, Side
 
-from execbox_runner.daemon.frames import PlainFrames
+from execbox_runner.daemon.net.frames import PlainFrames
 
 MAX_SIZE = 1000
 LOG = logging.getLogger("websockets.server")

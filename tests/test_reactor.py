@@ -8,8 +8,8 @@ import socket
 import pytest
 import trio
 
-from execbox_runner.daemon import reactor as reactor_module
-from execbox_runner.daemon.reactor import READ, Reactor
+from execbox_runner.daemon.net import reactor as reactor_module
+from execbox_runner.daemon.net.reactor import READ, Reactor
 
 WAIT_S = 10.0
 

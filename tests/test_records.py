@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from execbox_runner.daemon.records import Recorder
+from execbox_runner.daemon.observability.records import Recorder
 
 from .daemonkit import client, execute, run_to_done, running_daemon, running_daemon_with_site, stop
 
@@ -66,7 +66,7 @@ SLOW_DISK = textwrap.dedent(
     import time
 
     if os.environ.get("EXECBOX_TEST_SLOW_RECORDS"):
-        from execbox_runner.daemon.records import Recorder
+        from execbox_runner.daemon.observability.records import Recorder
 
         _append = Recorder._append
 

@@ -11,8 +11,8 @@ import pytest
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 
-from execbox_runner.daemon import endpoints
-from execbox_runner.daemon.endpoints import (
+from execbox_runner.daemon.observability import endpoints
+from execbox_runner.daemon.observability.endpoints import (
     REFUSAL_LINES_BURST,
     REFUSAL_LINES_PER_S,
     DaemonState,

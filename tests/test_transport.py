@@ -14,8 +14,8 @@ from pathlib import Path
 
 import trio
 
-from execbox_runner.daemon.reactor import Reactor
-from execbox_runner.daemon.transport import Transport
+from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.net.transport import Transport
 
 from .daemonkit import certificate
 

@@ -21,11 +21,11 @@ import pytest
 import trio
 
 from execbox_runner.daemon.config import Settings
-from execbox_runner.daemon.pool import WorkerPool
-from execbox_runner.daemon.reactor import Reactor
-from execbox_runner.daemon.reaper import PR_SET_CHILD_SUBREAPER
+from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.pool.pool import WorkerPool
+from execbox_runner.daemon.pool.reaper import PR_SET_CHILD_SUBREAPER
+from execbox_runner.daemon.pool.worker import Lease, WorkerLost
 from execbox_runner.daemon.server import worker_arguments
-from execbox_runner.daemon.workers import Lease, WorkerLost
 from execbox_runner.protocol import ipc
 
 from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site, stop
@@ -57,7 +57,7 @@ def exit_lines(daemon: Daemon) -> list[dict[str, Any]]:
     return [
         line
         for line in (json.loads(text) for text in daemon.log_lines() if text.startswith("{"))
-        if line.get("logger") == "execbox_runner.daemon.pool" and "exit_reason" in line
+        if line.get("logger") == "execbox_runner.daemon.pool.pool" and "exit_reason" in line
     ]
 
 
@@ -298,7 +298,7 @@ def _parent(pid: int) -> int:
 
 def test_exit_statuses_of_real_processes_read_as_their_reasons() -> None:
     """The wait statuses the zygote reports, from real processes: a signal, an exit status."""
-    from execbox_runner.daemon.workers import exit_cause
+    from execbox_runner.daemon.pool.worker import exit_cause
 
     def status_of(command: list[str], sig: int | None = None) -> int:
         child = subprocess.Popen(command)

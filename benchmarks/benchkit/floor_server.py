@@ -24,11 +24,11 @@ import trio
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 
-from execbox_runner.daemon import handshake
-from execbox_runner.daemon.frames import PlainFrames
-from execbox_runner.daemon.listeners import Acceptor, listen
-from execbox_runner.daemon.reactor import Reactor
-from execbox_runner.daemon.transport import Transport
+from execbox_runner.daemon.net import handshake
+from execbox_runner.daemon.net.frames import PlainFrames
+from execbox_runner.daemon.net.listeners import Acceptor, listen
+from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.net.transport import Transport
 
 LISTENING: Final = "floor listening on"
 LOG: Final = logging.getLogger("websockets.server")

@@ -47,9 +47,10 @@ from ..client.environment import TOKEN_ENV, URL_ENV, from_environment
 from ..client.errors import RunnerError
 from ..client.transport import WebSocket
 from ..mcp.cli import add_mcp_parser, run_mcp
-from . import config, logs, supervisor
-from .listeners import CannotListen
+from . import config, supervisor
 from .machine import BUDGET_SHARE, default_processes, usable_cores
+from .net.listeners import CannotListen
+from .observability import logs
 from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report, size, url
 from .startup import listening_line
 

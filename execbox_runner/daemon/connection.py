@@ -46,15 +46,16 @@ from ..protocol.session import (
     Session,
     StartRun,
 )
-from . import endpoints, handshake, logs
 from .config import Settings
-from .endpoints import DaemonState
-from .frames import PlainFrames
-from .pool import WorkerPool
-from .reactor import Reactor, Timer
-from .records import Recorder
-from .transport import Transport
-from .workers import Lease, WorkerLost
+from .net import handshake
+from .net.frames import PlainFrames
+from .net.reactor import Reactor, Timer
+from .net.transport import Transport
+from .observability import endpoints, logs
+from .observability.endpoints import DaemonState
+from .observability.records import Recorder
+from .pool.pool import WorkerPool
+from .pool.worker import Lease, WorkerLost
 
 log = logging.getLogger(__name__)
 

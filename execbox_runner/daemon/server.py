@@ -40,15 +40,15 @@ import trio
 
 from .. import __version__
 from ..worker import native, sandbox
-from . import logs
 from .config import Settings, read_tokens
 from .connection import Connection
-from .endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
-from .listeners import Acceptor, Listener, listen
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
-from .metrics import LiveState, Metrics
-from .pool import WorkerPool
-from .reactor import Reactor
+from .net.listeners import Acceptor, Listener, listen
+from .net.reactor import Reactor
+from .observability import logs
+from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
+from .observability.metrics import LiveState, Metrics
+from .pool.pool import WorkerPool
 from .startup import engine
 from .supervisor import is_shard, shard_count, shard_name
 

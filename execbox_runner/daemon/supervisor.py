@@ -32,9 +32,9 @@ from typing import Final
 
 import trio
 
-from . import reaper
 from .config import Settings
-from .metrics import MULTIPROCESS_ENV, live_state_file
+from .observability.metrics import MULTIPROCESS_ENV, live_state_file
+from .pool import reaper
 from .startup import listening_line
 
 log = logging.getLogger(__name__)

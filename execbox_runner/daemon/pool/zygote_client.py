@@ -18,7 +18,7 @@ from typing import Final
 
 import trio
 
-from ..protocol import ipc
+from ...protocol import ipc
 from . import reaper
 
 # How long an exited worker's wait status may take to reach the daemon before it is called unknown.

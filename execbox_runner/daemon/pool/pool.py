@@ -35,11 +35,11 @@ from typing import Final
 
 import trio
 
-from ..protocol import ipc
+from ...protocol import ipc
+from ..machine import usable_cores
+from ..net.reactor import Reactor
 from . import reaper
-from .machine import usable_cores
-from .reactor import Reactor
-from .workers import (
+from .worker import (
     READY_TIMEOUT_S,
     STOPPED,
     STUCK_KILL_S,
@@ -52,7 +52,7 @@ from .workers import (
     WorkerLost,
     exit_cause,
 )
-from .zygote import ZygoteClient
+from .zygote_client import ZygoteClient
 
 log = logging.getLogger(__name__)
 

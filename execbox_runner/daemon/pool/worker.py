@@ -33,8 +33,8 @@ from typing import Final, Literal, NamedTuple, Protocol, TypeAlias
 
 import trio
 
-from ..protocol import ipc
-from .reactor import READ, Reactor
+from ...protocol import ipc
+from ..net.reactor import READ, Reactor
 
 log = logging.getLogger(__name__)
 

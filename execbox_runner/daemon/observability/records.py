@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import trio
 
-from ..protocol.session import ExecutionEnded
+from ...protocol.session import ExecutionEnded
 
 log = logging.getLogger(__name__)
 PAUSE_MS: Final = 10

@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from ..protocol.session import ExecutionEnded
+from ...protocol.session import ExecutionEnded
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # prometheus-client's multiprocess mode: set by the supervisor for its shards.

@@ -34,7 +34,7 @@ from typing import Final
 import msgspec
 from websockets.datastructures import Headers
 
-from ..protocol.session import ExecutionEnded
+from ...protocol.session import ExecutionEnded
 
 EXECUTIONS: Final = logging.getLogger("execbox_runner.executions")
 _STANDARD_FIELDS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
