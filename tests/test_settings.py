@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from execbox_runner.daemon import config, server, supervisor
-from execbox_runner.daemon.server import UNSAFE_SETTINGS
+from execbox_runner.daemon import config, report, supervisor
+from execbox_runner.daemon.report import UNSAFE_SETTINGS
 
 from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
 from .test_config import settings
@@ -229,10 +229,10 @@ def test_a_missing_network_namespace_is_unsafe_only_when_the_sandbox_asks_for_on
         return {"network_namespace": {"requested": requested, "enforced": enforced}}
 
     settings = config.Settings(certfile="", host="localhost")
-    assert server.unsafe_settings(settings, (b"t",), protections(True, False)) == ["no_network_namespace"]
-    assert server.unsafe_settings(settings, (b"t",), protections(True, True)) == []
+    assert report.unsafe_settings(settings, (b"t",), protections(True, False)) == ["no_network_namespace"]
+    assert report.unsafe_settings(settings, (b"t",), protections(True, True)) == []
     off = config.Settings(sandbox=False)
-    assert server.unsafe_settings(off, (b"t",), protections(False, False)) == ["sandbox_off"]
+    assert report.unsafe_settings(off, (b"t",), protections(False, False)) == ["sandbox_off"]
 
 
 # ------------------------------------------------------------------ the second signal

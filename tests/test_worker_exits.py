@@ -25,7 +25,7 @@ from execbox_runner.daemon.net.reactor import Reactor
 from execbox_runner.daemon.pool.pool import WorkerPool
 from execbox_runner.daemon.pool.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.pool.worker import Lease, WorkerLost
-from execbox_runner.daemon.server import worker_arguments
+from execbox_runner.daemon.report import worker_arguments
 from execbox_runner.protocol import ipc
 
 from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site, stop

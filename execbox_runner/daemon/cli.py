@@ -51,7 +51,8 @@ from . import config, supervisor
 from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
 from .observability import logs
-from .server import UNSAFE_SETTINGS, ConfigurationError, Daemon, host_report, size, url
+from .report import UNSAFE_SETTINGS, HostReport, host_report
+from .server import ConfigurationError, Daemon, size, url
 from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
@@ -195,13 +196,13 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     print(f"execbox-runner {report['version']} on Python {report['python']} ({report['machine']})")
     print(f"engine: {report['engine']}")
     quickjs = report["quickjs"]
-    freeing = "runtimes discarded whole" if quickjs["discards_runtimes"] else "runtimes freed object by object"  # type: ignore[index]
-    budget = "memory budgets checked in C" if quickjs["budget_in_c"] else "memory budgets checked in Python hooks"  # type: ignore[index]
-    accessors = "accessors made on first use" if quickjs["lazy_accessors"] else "accessors made with each runtime"  # type: ignore[index]
-    lazy_clock = quickjs["lazy_clock"]  # type: ignore[index]
+    freeing = "runtimes discarded whole" if quickjs["discards_runtimes"] else "runtimes freed object by object"
+    budget = "memory budgets checked in C" if quickjs["budget_in_c"] else "memory budgets checked in Python hooks"
+    accessors = "accessors made on first use" if quickjs["lazy_accessors"] else "accessors made with each runtime"
+    lazy_clock = quickjs["lazy_clock"]
     clock = "time limit's clock read at its first check" if lazy_clock else "time limit's clock read per call"
-    compiled = "compiled profile-guided" if quickjs["profile_guided"] else "compiled without a profile"  # type: ignore[index]
-    arenas = f"{quickjs['arena_bytes'] // 1024} KiB arenas"  # type: ignore[index]
+    compiled = "compiled profile-guided" if quickjs["profile_guided"] else "compiled without a profile"
+    arenas = f"{quickjs['arena_bytes'] // 1024} KiB arenas"
     print(f"  {arenas}, {freeing}, {budget}, {accessors}, {clock}, {compiled}")
     print(f"profile: {report['profile']}")
     for line in _limit_lines(settings, report):
@@ -210,23 +211,21 @@ def _info(settings: config.Settings, as_json: bool) -> int:
         f"interrupting running guests: {'yes' if report['interrupt_running_guests'] else 'no (unresponsive workers are killed)'}"
     )
     print("protections:")
-    for name, state in report["protections"].items():  # type: ignore[attr-defined]
+    for name, state in report["protections"].items():
         status = "enforced" if state["enforced"] else ("NOT ENFORCEABLE" if state["requested"] else "off")
         print(f"  {name:<22} {status}")
     print(f"network namespace made by: {report['network_mechanism']}")
-    for warning in report["warnings"]:  # type: ignore[attr-defined]
+    for warning in report["warnings"]:
         print(f"warning: {warning}")
-    for name in report["unsafe_settings"]:  # type: ignore[attr-defined]
+    for name in report["unsafe_settings"]:
         print(f"UNSAFE {name}: {UNSAFE_SETTINGS[name]}")
     return EXIT_OK
 
 
-def _limit_lines(settings: config.Settings, report: dict[str, object]) -> list[str]:
+def _limit_lines(settings: config.Settings, report: HostReport) -> list[str]:
     """The limits in force, one per line, with where a machine-sized one came from."""
-    limits: dict[str, int] = report["limits"]  # type: ignore[assignment]
-    timeouts: dict[str, float] = report["timeouts_s"]  # type: ignore[assignment]
-    budget: int = report["memory_budget_bytes"]  # type: ignore[assignment]
-    memory: int = report["memory_bytes"]  # type: ignore[assignment]
+    limits, timeouts = report["limits"], report["timeouts_s"]
+    budget, memory = report["memory_budget_bytes"], report["memory_bytes"]
     processes = settings.processes or default_processes(usable_cores())
     sized = {
         "max_sessions": "" if settings.max_sessions else " (sized from memory and descriptors)",

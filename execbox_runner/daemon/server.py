@@ -23,40 +23,41 @@ sampler and the drain are tasks of the daemon's nursery beside it.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
-import ipaddress
 import logging
-import math
 import os
-import platform
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Final, Protocol
 
 import trio
 
 from .. import __version__
-from ..worker import native, sandbox
+from ..worker import native
 from .config import Settings, read_tokens
 from .connection import Connection
-from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files, resident_bytes
+from .machine import raise_open_files, resident_bytes
 from .net.listeners import Acceptor, Listener, listen
 from .net.reactor import Reactor
 from .observability import logs
 from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
-from .startup import engine
+from .report import (
+    UNSAFE_SETTINGS,
+    accepted_tokens,
+    effective_max_sessions,
+    host_report,
+    is_loopback,
+    memory_budget,
+    worker_arguments,
+    worker_capacity,
+)
 from .supervisor import is_shard, shard_count, shard_name
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
-# CPU time a hardened worker may use beyond the largest execution budget before the kernel stops it.
-HARDENED_CPU_SLACK_S = 5
-STANDARD_CPU_LIFETIME_S = 24 * 3600
 # What a worker gets to finish an execution it was told to abort before it is killed (with its
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
@@ -65,120 +66,6 @@ MAX_HANDSHAKES: Final = 1024
 LIVE_STATE_INTERVAL_S = 0.5
 MEMORY_SAMPLE_INTERVAL_S = 0.1
 EVICT_SETTLE_S: Final = 0.5
-
-
-# Settings that leave a runner open to more than its hosts: each one is a start-up warning, a name
-# in ``unsafe_settings`` (``info``, ``/healthz``) and ``execbox_unsafe_settings{setting}`` 1, so a
-# mis-deployed runner shows on a dashboard rather than only in a log nobody reads.
-UNSAFE_SETTINGS: Final = {
-    "sandbox_off": "workers are not confined (--sandbox false): guest code that escapes QuickJS has the daemon's user, files and network",
-    "no_authentication": "no bearer tokens (--tokens-file, --tokens): anyone who reaches the port can run code",
-    "no_tls": "a non-loopback address without TLS (--certfile): code, results and tokens cross the network in clear text",
-    "no_network_namespace": "workers cannot get a network namespace on this host: guest code that escapes QuickJS can reach the network",
-}
-
-
-def unsafe_settings(
-    settings: Settings, tokens: tuple[bytes, ...], protections: dict[str, dict[str, bool]]
-) -> list[str]:
-    """The names (keys of ``UNSAFE_SETTINGS``) that apply to these settings on this host."""
-    namespace = protections["network_namespace"]
-    applies = {
-        "sandbox_off": not settings.sandbox,
-        "no_authentication": not tokens,
-        "no_tls": not settings.certfile and not is_loopback(settings.host),
-        "no_network_namespace": namespace["requested"] and not namespace["enforced"],
-    }
-    return [name for name in UNSAFE_SETTINGS if applies[name]]
-
-
-def host_report(settings: Settings) -> dict[str, object]:
-    """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
-    found = sandbox.capabilities()  # one probe (a forked child) for both reports below
-    protections = sandbox.enforcement(settings.sandbox, found)
-    return {
-        "version": __version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "profile": settings.profile,
-        "engine": engine(),
-        "interrupt_running_guests": native.SUPPORTED,
-        "quickjs": {
-            "version": importlib.metadata.version("quickjs-ng"),
-            "tuned": native.NATIVE_BUDGET,
-            "arena_bytes": native.ARENA_BYTES,
-            "discards_runtimes": native.DISCARDS_RUNTIMES,
-            "lazy_accessors": native.LAZY_ACCESSORS,
-            "lazy_clock": native.LAZY_CLOCK,
-            "profile_guided": native.PROFILE_GUIDED,
-            "budget_in_c": native.budget_in_c(),
-        },
-        "protections": protections,
-        "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),
-        "warnings": sandbox.warnings(protections),
-        "unsafe_settings": unsafe_settings(settings, accepted_tokens(settings), protections),
-        "limits": {
-            **{key: value for key, value in asdict(settings).items() if key.startswith("max_")},
-            "max_sessions": effective_max_sessions(settings),
-            "worker_capacity": worker_capacity(settings),
-            "warm_workers": settings.warm_workers,
-        },
-        "timeouts_s": {
-            "idle": settings.idle_timeout,
-            "handshake": settings.handshake_timeout,
-            "send": settings.send_timeout,
-            "close": settings.close_timeout,
-            "drain_grace": settings.drain_grace,
-        },
-        "memory_bytes": memory_bytes(),
-        "memory_budget_bytes": memory_budget(settings),
-    }
-
-
-def worker_capacity(settings: Settings) -> int:
-    """Executions one worker process hosts at once: the hardened profile never runs two in one."""
-    return 1 if settings.profile == "hardened" else settings.worker_capacity
-
-
-def memory_budget(settings: Settings) -> int:
-    """``--memory-budget-bytes``, or a share of this machine's (or container's) memory."""
-    return settings.memory_budget_bytes or default_memory_budget(memory_bytes())
-
-
-def effective_max_sessions(settings: Settings) -> int:
-    """``--max-sessions`` (a shard's is its share, from the supervisor), or when 0 this process's
-    share of what the machine's memory and descriptors carry: shards share the memory."""
-    return settings.max_sessions or math.ceil(default_max_sessions(memory_bytes(), raise_open_files()) / shard_count())
-
-
-def worker_cpu_seconds(settings: Settings) -> int:
-    """RLIMIT_CPU of a worker: one execution's budget in the hardened profile; in the standard
-    profile a lifetime backstop (deadlines are enforced per execution by interrupts)."""
-    if settings.profile == "hardened":
-        return int(settings.max_timeout_ms / 1000 + HARDENED_CPU_SLACK_S)
-    return STANDARD_CPU_LIFETIME_S
-
-
-def worker_heap_bytes(settings: Settings) -> int:
-    """What the guest heaps of one worker may add up to, for its address-space backstop: one
-    execution's limit in the hardened profile; the daemon's budget when a worker hosts many."""
-    if settings.profile == "hardened":
-        return settings.max_memory_limit_bytes
-    return max(settings.max_memory_limit_bytes, memory_budget(settings) // shard_count())
-
-
-def worker_arguments(settings: Settings) -> list[str]:
-    args = [
-        "--max-memory",
-        str(worker_heap_bytes(settings)),
-        "--threads",
-        str(1 if settings.profile == "hardened" else settings.worker_threads),
-        "--cpu-seconds",
-        str(worker_cpu_seconds(settings)),
-        "--max-output",
-        str(settings.max_output_bytes),
-    ]
-    return args if settings.sandbox else [*args, "--no-sandbox"]
 
 
 class Waiting(Protocol):
@@ -251,19 +138,6 @@ class ConfigurationError(Exception):
     """Settings the daemon refuses to start with."""
 
 
-def accepted_tokens(settings: Settings) -> tuple[bytes, ...]:
-    return read_tokens(settings.tokens, settings.tokens_file)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def tls_context(settings: Settings) -> ssl.SSLContext | None:
     if not settings.certfile:
         if settings.keyfile:
@@ -307,7 +181,7 @@ class Daemon:
         )
         self.record_dir = record_directory(settings)
         self.report = host_report(settings)
-        self.unsafe: list[str] = self.report["unsafe_settings"]  # type: ignore[assignment]
+        self.unsafe = self.report["unsafe_settings"]
         self.state = DaemonState(
             max_sessions=effective_max_sessions(settings),
             memory_budget=memory_budget(settings) // shard_count(),
@@ -344,7 +218,7 @@ class Daemon:
         )
 
     async def serve(self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED) -> None:
-        for warning in self.report["warnings"]:  # type: ignore[attr-defined]
+        for warning in self.report["warnings"]:
             log.warning(warning)
         for name in self.unsafe:
             log.warning("unsafe setting %s: %s", name, UNSAFE_SETTINGS[name], extra={"unsafe_setting": name})
@@ -393,7 +267,7 @@ class Daemon:
             "send": settings.send_timeout,
             "drain_grace": settings.drain_grace,
         }
-        protections: dict[str, dict[str, bool]] = self.report["protections"]  # type: ignore[assignment]
+        protections = self.report["protections"]
         enforced = [name for name, protection in protections.items() if protection["enforced"]]
         fields: dict[str, object] = {
             "version": __version__,

@@ -29,7 +29,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -123,7 +123,7 @@ class DaemonState:
     """What the endpoints report, kept current by the server."""
 
     max_sessions: int
-    report: dict[str, object]
+    report: Mapping[str, object]  # the host report (``daemon.report.HostReport``)
     tokens: tuple[bytes, ...] = ()  # accepted bearer tokens; empty: no authentication
     metrics_tokens: tuple[bytes, ...] = ()  # bearer tokens /metrics and the detailed /healthz need; empty: none
     separate_metrics: bool = False  # /metrics and the detailed /healthz are on the metrics port only

@@ -152,7 +152,7 @@ class Worker:
     async def heaps(self) -> list[tuple[Lease, int]]:
         """Each running execution's lease and the bytes its heap holds, as the worker reports them;
         nothing if it does not answer within ``MEASURE_TIMEOUT_S``. A worker could lie here: what
-        bounds it regardless is its address-space limit (see ``server.worker_heap_bytes``)."""
+        bounds it regardless is its address-space limit (see ``report.worker_heap_bytes``)."""
         self._heaps, self._measured = None, trio.Event()
         self.send(0, ipc.Measure())
         with trio.move_on_after(MEASURE_TIMEOUT_S):
