@@ -51,7 +51,7 @@ def measure(
 
 
 def median(runs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(run[key] for run in runs if run.get(key) is not None)
+    return float(statistics.median(run[key] for run in runs if run.get(key) is not None))
 
 
 def report(results: dict[tuple[str, int], list[dict[str, Any]]], concurrency: list[int]) -> None:

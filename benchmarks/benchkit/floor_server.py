@@ -14,6 +14,7 @@ it prints its URL and serves until its stdin closes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import sys
@@ -87,6 +88,10 @@ class Session:
         pass
 
 
+def _session(reactor: Reactor, sock: socket.socket, _peer: str) -> None:
+    Session(reactor, sock)  # the reactor holds it from here
+
+
 def main() -> None:
     """Serve on a free loopback port until stdin closes (the parent is done or dead)."""
 
@@ -96,7 +101,7 @@ def main() -> None:
         host, port = listeners[0].address
         for listener in listeners:
             # The daemon's own acceptor: a burst of connections in one step, each a session of the reactor.
-            Acceptor(reactor, listener, lambda sock, _peer: Session(reactor, sock), lambda _error: False)
+            Acceptor(reactor, listener, functools.partial(_session, reactor), lambda _error: False)
         print(f"{LISTENING} ws://{host}:{port}/", flush=True)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reactor.run)
