@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from execbox_runner.daemon import cli, config
+from execbox_runner import cli
+from execbox_runner.daemon import config
 
 from .daemonkit import client, run_to_done, running_daemon
 from .test_dashboards import scrape

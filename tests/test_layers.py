@@ -72,6 +72,9 @@ def imported_names(source: str, package: str) -> set[str]:
         ("client", "execbox_runner.worker"),
         ("mcp", "execbox_runner.daemon"),  # code mode is built on the client only
         ("mcp", "execbox_runner.worker"),
+        ("daemon", "execbox_runner.client"),  # the command line that joins them is execbox_runner.cli
+        ("daemon", "execbox_runner.mcp"),
+        ("daemon", "execbox_runner_conformance"),
     ],
 )
 def test_layer_never_imports(layer: str, forbidden: str) -> None:

@@ -323,7 +323,7 @@ def test_sigterm_stops_the_local_runner_and_the_wrapped_servers(servers_json: Pa
 
 
 def test_without_the_extra_nothing_imports_mcp() -> None:
-    code = "import sys, execbox_runner.daemon.cli, execbox_runner.mcp.cli; print(sorted(sys.modules))"
+    code = "import sys, execbox_runner.cli, execbox_runner.mcp.cli; print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert "'mcp'" not in loaded.stdout and "'mcp_types'" not in loaded.stdout
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from execbox_runner_conformance.cli import build_parser as build_conformance_parser
 
+from execbox_runner.cli import build_parser
 from execbox_runner.daemon import config
-from execbox_runner.daemon.cli import build_parser
 
 SETTINGS_MARK = "<!-- generated: settings -->"
 COMMANDS_MARK = "<!-- generated: commands -->"

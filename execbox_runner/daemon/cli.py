@@ -1,16 +1,10 @@
-"""``execbox-runner``: the command line of the daemon, and of the clients beside it.
+"""The daemon's commands of ``execbox-runner`` (``execbox_runner.cli``): ``serve`` runs the daemon,
+``info`` reports what this host enforces with the same settings.
 
-``serve`` runs the daemon, ``info`` reports what this host enforces with the
-same settings, ``replay`` plays recorded sessions against a runner; ``exec``
-and ``mcp`` are the clients' (``client/cli.py``, ``mcp/cli.py``).
-
-Exit statuses, one scheme for every command (``client.cli.exit_statuses``): 0 ok (for
-``serve``, a clean stop after a complete drain); 1 the run failed: a port that
-cannot be bound, a stop forced by a second signal, a replayed session that
-differed, a runner that could not be reached or went away; 2 a usage or
-configuration error, reported in one line before anything starts: a bad flag,
-value or setting, a missing file, a runner that refused the request as invalid
-(HTTP 401 or 403).
+Exit statuses (``commandline.exit_statuses``): 0 ok (for ``serve``, a clean stop after a complete
+drain); 1 a port that cannot be bound, or a stop forced by a second signal; 2 a usage or
+configuration error, reported in one line before anything starts: a bad flag, value or setting,
+a missing file.
 """
 
 from __future__ import annotations
@@ -19,34 +13,14 @@ import argparse
 import gc
 import json
 import logging
-import os
 import signal
 import ssl
 import sys
-from typing import Final, NoReturn
+from typing import Final
 
-import anyio
 import trio
-from execbox_runner_conformance.report import summary
-from execbox_runner_conformance.runner import Target, TargetError, run_all
-from execbox_runner_conformance.transcript import Transcript, TranscriptError, load_transcript
 
-from .. import __version__
-from ..client.cli import (
-    EXIT_FAILURE,
-    EXIT_OK,
-    EXIT_USAGE,
-    HelpFormatter,
-    add_exec_parser,
-    exit_status,
-    exit_statuses,
-    run_exec,
-    seconds,
-)
-from ..client.environment import TOKEN_ENV, URL_ENV, from_environment
-from ..client.errors import RunnerError
-from ..client.transport import WebSocket
-from ..mcp.cli import add_mcp_parser, run_mcp
+from ..commandline import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, HelpFormatter, exit_statuses
 from . import config, supervisor
 from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
@@ -56,14 +30,6 @@ from .server import ConfigurationError, Daemon, size, url
 from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
-REPLAY_TIMEOUT_S: Final = 5.0
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line (the full usage of ``serve`` is dozens)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 SETTINGS_DESCRIPTION: Final = (
@@ -72,28 +38,8 @@ SETTINGS_DESCRIPTION: Final = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = _Parser(
-        prog="execbox-runner",
-        description="An execbox runner: runs untrusted guest JavaScript in sandboxed QuickJS workers for remote"
-        " hosts over WebSocket, with the clients to use one from a shell.",
-        formatter_class=HelpFormatter,
-        epilog=exit_statuses(
-            failure="the run failed: a guest error, a runner that could not be reached or went away, a port"
-            " that cannot be bound, a replayed session that differed",
-            usage="a bad flag, value or setting, a missing file, a runner that refused the request as invalid"
-            " (HTTP 401/403, limits above its maxima)",
-        )
-        + """
-
-examples:
-  execbox-runner serve --tokens-file tokens.txt    serve ws://127.0.0.1:8765/
-  execbox-runner info                              what this host can enforce
-  execbox-runner exec '6 * 7'                      run code on a private local runner
-  execbox-runner COMMAND --help                    a command's options""",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def add_daemon_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``serve`` and ``info``, which take the daemon's settings."""
     serve_parser = commands.add_parser(
         "serve",
         help="serve ws://HOST:PORT/ until SIGINT or SIGTERM",
@@ -126,66 +72,6 @@ examples:
     )
     info_parser.add_argument("--json", action="store_true", help="the report as JSON")
     config.add_arguments(info_parser)
-    replay_parser = commands.add_parser(
-        "replay",
-        help="play recorded sessions' host side against a runner and report differences",
-        description="Play the host side of recorded sessions (the *.jsonl of serve --record-dir) against a runner"
-        " and report where its answers differ: one PASS or FAIL line per file, then the totals.",
-        formatter_class=HelpFormatter,
-        epilog=exit_statuses(
-            failure="a session differed, or the runner could not be reached or went away",
-            usage="a bad flag, a missing or malformed file, a runner that refused the handshake (HTTP 401/403)",
-            ok="every session replayed as recorded",
-        )
-        + "\n\nexample:\n  execbox-runner replay --url ws://127.0.0.1:8765/ records/*.jsonl",
-    )
-    replay_parser.add_argument("files", nargs="+", metavar="FILE", help="recorded sessions (*.jsonl from --record-dir)")
-    replay_parser.add_argument("--url", help=f"the runner to replay against, ws://HOST:PORT/ (default: ${URL_ENV})")
-    replay_parser.add_argument("--token", help=f"bearer token for --url (default: ${TOKEN_ENV})")
-    replay_parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=REPLAY_TIMEOUT_S,
-        metavar="SECONDS",
-        help="seconds to wait for each expected runner message (default: %(default)g)",
-    )
-    add_exec_parser(commands)
-    add_mcp_parser(commands)
-    return parser
-
-
-def _replay(args: argparse.Namespace) -> int:
-    """Replay with the conformance kit: one PASS/FAIL line per file, then the totals."""
-    prog = "execbox-runner replay"
-    url = args.url or from_environment(URL_ENV, prog)
-    token = args.token or from_environment(TOKEN_ENV, prog)
-    if not url:
-        print(f"{prog}: error: give the runner's URL: --url or ${URL_ENV}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        transcripts: list[Transcript] = [load_transcript(path) for path in args.files]
-        anyio.run(_handshake, url, token)
-    except (TranscriptError, ValueError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except RunnerError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return exit_status(exc)
-    headers = (("Authorization", f"Bearer {token}"),) if token else ()
-    try:
-        results = run_all(Target(url, headers), transcripts, timeout=args.timeout, progress=lambda r: print(r.line()))
-    except TargetError as exc:  # gone since the handshake above
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    print(summary(results))
-    return EXIT_OK if all(result.passed for result in results) else EXIT_FAILURE
-
-
-async def _handshake(url: str, token: str | None) -> None:
-    """Open and close one session, so that a runner that refuses the URL or the token is told from
-    one that answers differently (a usage error, not a difference)."""
-    websocket = await WebSocket.open(url, token=token)
-    await websocket.close()
 
 
 def _info(settings: config.Settings, as_json: bool) -> int:
@@ -301,22 +187,8 @@ def _tune_garbage_collection() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return _run(args, argv)
-    except BrokenPipeError:  # stdout's reader left (`info | head`): stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILURE
-
-
-def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
-    if args.command == "exec":
-        return run_exec(args)
-    if args.command == "mcp":
-        return run_mcp(args)
-    if args.command == "replay":
-        return _replay(args)
+def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``serve`` or ``info``; ``argv`` as the shards of a supervisor get it."""
     try:
         settings = config.resolve(args)
         if args.command == "info":

@@ -22,7 +22,9 @@ from functools import partial
 import anyio
 
 from ..client import Runner, RunnerError
-from ..client.cli import (
+from ..client.environment import TOKEN_ENV, URL_ENV, from_environment
+from ..client.runner import DEFAULT_LIMITS
+from ..commandline import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
@@ -33,8 +35,6 @@ from ..client.cli import (
     port,
     seconds,
 )
-from ..client.environment import TOKEN_ENV, URL_ENV, from_environment
-from ..client.runner import DEFAULT_LIMITS
 from .access import TOKEN_ENV as HTTP_TOKEN_ENV
 from .access import http_access
 from .config import load_servers
