@@ -9,7 +9,6 @@ succeeded; 1 it failed: a guest error (including its timeout), or a runner
 that could not be reached, went away or is busy; 2 a usage error: a bad flag or
 value, a file that cannot be read, or a runner that refused the request as
 invalid (HTTP 401 or 403, or the execute's own limits above its maxima).
-
 """
 
 from __future__ import annotations

@@ -382,7 +382,7 @@ def _json_error(data: bytes) -> str | None:
     except msgspec.DecodeError as exc:
         return str(exc)
     except RecursionError:
-        return None
+        pass  # too deep for msgspec: the outline judges it
     return None
 
 
