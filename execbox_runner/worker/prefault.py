@@ -6,7 +6,8 @@ runtime, on the runner that reads the channel. So glibc is asked to extend the
 heap ``PAD_BYTES`` at a time (``M_TOP_PAD``), and each time the heap's break
 moves up, this thread faults the new stretch in with one
 ``madvise(MADV_POPULATE_WRITE)``: on another core when one is free, in one
-system call rather than one fault per page, while the runners go on. The pages hold nothing yet; populating them changes no content.
+system call rather than one fault per page, while the runners go on. The pages
+hold nothing yet; populating them changes no content.
 
 The cost is at most ``PAD_BYTES`` resident beyond what the heap uses, and only
 in a worker whose heap has grown: glibc keeps that much at the top when it
