@@ -51,11 +51,15 @@ class Connection:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def send(self, message: str | bytes) -> None:
+    def send(self, message: str | bytes, *, text: bool | None = None) -> None:
+        """A text message for ``str`` and a binary one for ``bytes``; ``text=True`` sends ``bytes``
+        as a text frame unchecked, as a hostile peer may (invalid UTF-8 included)."""
         if self.protocol.state is not State.OPEN:
             raise self._closed()
         if isinstance(message, str):
             self.protocol.send_text(message.encode())
+        elif text:
+            self.protocol.send_text(message)
         else:
             self.protocol.send_binary(message)
         self._flush()

@@ -17,3 +17,24 @@ def budget(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     if request.param == "in the hooks":
         monkeypatch.setattr(native, "_native_budget", False)
     return str(request.param)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The soak's knobs (``tests/test_soak.py``, run by ``pytest -m stress``)."""
+    group = parser.getgroup("soak", "the soak (pytest -m stress)")
+    group.addoption("--soak-seconds", type=float, default=60.0, help="seconds of load (default 60)")
+    group.addoption("--soak-clients", type=int, default=32, help="concurrent host connections (default 32)")
+    group.addoption("--soak-sentinels", type=int, default=2, help="executions kept parked 40 s at a time (default 2)")
+    group.addoption("--soak-seed", type=int, default=1, help="seed of the session mix (default 1)")
+    group.addoption("--soak-kinds", default="", help="a comma-separated subset of the mix (default: all of it)")
+    group.addoption(
+        "--soak-daemon-arg", action="append", default=[], help="passed on to the daemon (repeat for several)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The soak's time limit follows its length: the load, a sentinel's last park, the settling."""
+    limit = config.getoption("--soak-seconds") + 300
+    for item in items:
+        if item.get_closest_marker("stress") is not None:
+            item.add_marker(pytest.mark.timeout(limit))
