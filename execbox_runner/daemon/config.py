@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
+from ..exposure import read_tokens
 from .machine import usable_cores
 
 ENV_PREFIX: Final = "EXECBOX_RUNNER_"
@@ -400,14 +401,6 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         if problem:
             raise InvalidSetting(f"{origin} {values[name]!r}: {problem}")
     return settings
-
-
-def read_tokens(inline: str, path: str) -> tuple[bytes, ...]:
-    """Bearer tokens: ``inline`` comma-separated, and the lines of the file at ``path`` (``#`` comments)."""
-    tokens = [token.strip() for token in inline.split(",")]
-    if path:
-        tokens += [line.strip() for line in Path(path).read_text().splitlines()]
-    return tuple(token.encode() for token in tokens if token and not token.startswith("#"))
 
 
 def _check_together(settings: Settings) -> None:

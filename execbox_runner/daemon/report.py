@@ -7,15 +7,15 @@ settings and the machine.
 from __future__ import annotations
 
 import importlib.metadata
-import ipaddress
 import math
 import platform
 from dataclasses import asdict
 from typing import Final, TypedDict
 
 from .. import __version__
+from ..exposure import is_loopback, read_tokens
 from ..worker import native, sandbox
-from .config import Settings, read_tokens
+from .config import Settings
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files
 from .startup import engine
 from .supervisor import shard_count
@@ -183,12 +183,3 @@ def worker_arguments(settings: Settings) -> list[str]:
 
 def accepted_tokens(settings: Settings) -> tuple[bytes, ...]:
     return read_tokens(settings.tokens, settings.tokens_file)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -34,8 +34,9 @@ from typing import Final, Protocol
 import trio
 
 from .. import __version__
+from ..exposure import is_loopback, read_tokens
 from ..worker import native
-from .config import Settings, read_tokens
+from .config import Settings
 from .connection import Connection
 from .machine import raise_open_files, resident_bytes
 from .net.listeners import Acceptor, Listener, listen
@@ -49,7 +50,6 @@ from .report import (
     accepted_tokens,
     effective_max_sessions,
     host_report,
-    is_loopback,
     memory_budget,
     worker_arguments,
     worker_capacity,

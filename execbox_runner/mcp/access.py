@@ -23,13 +23,13 @@ check is a plain ASGI middleware (``Guard``).
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final, TypeAlias
+
+from ..exposure import is_loopback, read_tokens
 
 TOKEN_ENV: Final = "EXECBOX_RUNNER_MCP_TOKEN"  # noqa: S105 -- the name of the variable, not a token
 LOOPBACK_HOSTS: Final = ("127.0.0.1:*", "localhost:*", "[::1]:*")
@@ -42,27 +42,9 @@ Send: TypeAlias = Callable[[Message], Awaitable[None]]
 App: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def split(listed: str) -> tuple[str, ...]:
     """The entries of a comma-separated list, without spaces or empty ones."""
     return tuple(entry.strip() for entry in listed.split(",") if entry.strip())
-
-
-def read_tokens(inline: str, path: str) -> tuple[bytes, ...]:
-    """Bearer tokens: ``inline`` comma-separated, and the lines of the file at ``path`` (``#``
-    comments), as ``serve`` reads its own. Raises OSError for a file that cannot be read."""
-    tokens = list(split(inline))
-    if path:
-        tokens += [line.strip() for line in Path(path).read_text().splitlines()]
-    return tuple(token.encode() for token in tokens if token and not token.startswith("#"))
 
 
 def default_hosts(host: str) -> tuple[str, ...]:
