@@ -1,13 +1,15 @@
-#!/usr/bin/env python3
-"""Latency of one execution on a fresh connection, ``standard`` and ``hardened`` alternated.
+"""Latency of one execution on a fresh connection, with 0, 1 and 10 tool calls, per profile.
 
-Starts a daemon of each profile (default settings otherwise), then in alternated rounds runs
-``--runs`` sequential trivial executions (``1+1``) and executions with one tool call against each,
-a fresh connection per execution as hosts do it, and prints each profile's median and p95 latency
-and hardened / standard at the median. In ``hardened`` every execution takes a fresh worker
-process: its latency includes waiting for one when executions come faster than the pool forks them.
+Starts a daemon of each profile (``--profiles``, default ``standard`` and ``hardened``; default
+settings otherwise), then in alternated rounds runs ``--runs`` sequential executions of each
+workload against each with the latency client, a fresh connection per execution as hosts do it
+(connect, ``execute``, every ``tool_call`` answered at once with its input, ``done``, closing
+handshake, the server's TCP close). Prints each profile's and workload's median and p95, what a
+tool call adds at the median (``(10 tools - 1+1) / 10``), and each profile against the first at
+the median. In ``hardened`` every execution takes a fresh worker process: its latency includes
+waiting for one when executions come faster than the pool forks them.
 
-    python benchmarks/latency.py [--rounds 3] [--runs 200] [--pause-ms 0]
+    python benchmarks/latency.py [--profiles standard,hardened] [--rounds 3] [--runs 200] [--pause-ms 0]
 
 It asserts nothing about time; every wait is bounded.
 """
@@ -20,45 +22,46 @@ import time
 
 from benchkit.client import run_execution
 from benchkit.processes import start_daemon
-from benchkit.stats import percentile
+from benchkit.stats import spread
 from benchkit.workload import tool_code
-from websockets.uri import parse_uri
 
-PROFILES = ("standard", "hardened")
-WORKLOADS = {"1+1": "1+1", "1 tool": tool_code(1)}
+WORKLOADS = {"1+1": ("1+1", 2), "1 tool": (tool_code(1), 0), "10 tools": (tool_code(10), 45)}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profiles", default="standard,hardened", help="comma-separated, the first is the base")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=200, help="sequential executions per workload, profile and round")
     parser.add_argument("--pause-ms", type=float, default=0.0, help="between executions (a host's think time)")
     args = parser.parse_args()
-    daemons = {profile: start_daemon(extra_args=[f"--profile={profile}"]) for profile in PROFILES}
-    latencies: dict[tuple[str, str], list[float]] = {}
+    profiles = args.profiles.split(",")
+    daemons = {}
+    latencies: dict[tuple[str, str], list[float]] = {(p, name): [] for p in profiles for name in WORKLOADS}
     failures = 0
     try:
+        for profile in profiles:
+            daemons[profile] = start_daemon(extra_args=[f"--profile={profile}"])
         for index in range(args.rounds):
-            for profile in PROFILES if index % 2 == 0 else PROFILES[::-1]:
-                uri = parse_uri(daemons[profile].url)
-                for name, code in WORKLOADS.items():
+            for profile in profiles if index % 2 == 0 else profiles[::-1]:
+                for name, (code, expect) in WORKLOADS.items():
                     for run in range(args.runs):
-                        seconds, done, error = run_execution(uri, f"{profile}-{index}-{run}", code)
-                        if done is None or done.get("ok") is not True:
+                        seconds, done, error = run_execution(daemons[profile].url, f"{profile}-{index}-{run}", code)
+                        if error or done is None or done.get("ok") is not True or done.get("result") != expect:
                             failures += 1
                             print(f"  {profile} {name}: {error or done}")
-                        latencies.setdefault((name, profile), []).append(seconds * 1000)
+                        latencies[(profile, name)].append(seconds * 1000)
                         time.sleep(args.pause_ms / 1000)
     finally:
         for daemon in daemons.values():
             daemon.stop()
-    for name in WORKLOADS:
-        medians = {}
-        for profile in PROFILES:
-            values = latencies[(name, profile)]
-            medians[profile] = statistics.median(values)
-            print(f"{name:<7} {profile:<9} median {medians[profile]:6.2f} ms  p95 {percentile(values, 0.95):6.2f} ms")
-        print(f"{name:<7} hardened / standard at the median: {medians['hardened'] / medians['standard']:.2f}")
+    medians = {key: statistics.median(values) for key, values in latencies.items()}
+    for (profile, name), values in latencies.items():
+        print(f"{profile:<9} {name:<8} {spread(values)}")
+    for profile in profiles:
+        added = (medians[(profile, "10 tools")] - medians[(profile, "1+1")]) / 10
+        against = " / ".join(f"{medians[(profile, name)] / medians[(profiles[0], name)]:.2f}" for name in WORKLOADS)
+        print(f"{profile:<9} a tool call adds {added:.3f} ms; against {profiles[0]} at the median: {against}")
     print(f"failures: {failures}")
 
 

@@ -1,65 +1,64 @@
 """Busy neighbours: resume, cancel and timeout latency while guests spin on every core.
 
-Workers host many executions, so an execution shares its process with others.
-This starts ``--spinners`` guests (default: two per core) spinning in
-``while (true) {}``, then measures, over fresh connections:
+Workers host many executions, so an execution shares its process with others. This starts the
+daemon (default settings plus any ``--daemon-arg``) and ``--spinners`` guests (default: two per
+core) spinning in ``while (true) {}``, then measures, each execution on a fresh connection with
+the latency client:
 
-- resume latency: from sending a ``tool_result`` to receiving the next
-  ``tool_call`` of an execution making sequential tool calls;
-- cancel latency: from ``cancel`` to ``done``, for an execution awaiting a tool
-  and for one spinning itself;
-- timeout lateness: ``done`` of a spinning guest with ``timeoutMs`` 300,
-  measured against ``timeoutMs`` (the TypeScript host gives up at +100 ms).
+- resume latency: from sending a ``tool_result`` to receiving the next ``tool_call`` of an
+  execution making sequential tool calls;
+- cancel latency, from ``cancel`` to ``done`` (the TypeScript host force-closes 25 ms after it
+  cancels): for a guest awaiting a tool, and for a guest spinning after a tool call (which proves
+  it runs) and a log line, which must survive the cancel;
+- timeout lateness: ``done`` of a spinning guest with ``timeoutMs`` 300, against ``timeoutMs``.
 
-    python benchmarks/neighbours.py [--spinners N] [--rounds 200] [--url ws://...]
+``--spinners 0`` measures the same on an idle daemon; ``--spinners 64`` with every core saturated.
 
-Every wait is bounded; the spinners end by their own timeout.
+    python benchmarks/neighbours.py [--spinners N] [--rounds 200] [--daemon-arg=...]
+
+Every wait is bounded; the spinners are cancelled at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
 import time
-from typing import Any
 
 from benchkit.client import BlockingClient
 from benchkit.processes import start_daemon
-from benchkit.stats import percentile
-from benchkit.workload import OPTIONS, cancel_message, execute_message, tool_code, tool_result
-from websockets.uri import parse_uri
+from benchkit.stats import spread
+from benchkit.workload import OPTIONS, cancel_message, execute_message, providers, tool_code, tool_result
 
 SPIN_MS = 120_000
+MANIFEST = providers("echo", "hang")  # ``hang`` is never answered
+SPINNING = "await tools.echo(1); console.log('before'); while (true) {}"
 
 
 def spin(url: str, index: int, stop: threading.Event) -> None:
-    client = BlockingClient(parse_uri(url))
-    client.send_text(execute_message(f"spin-{index}", "while (true) {}", {**OPTIONS, "timeoutMs": SPIN_MS}))
-    texts = client.texts()
-    assert json.loads(next(texts))["type"] == "started"
+    client = BlockingClient(url)
+    client.send(execute_message(f"spin-{index}", "while (true) {}", {**OPTIONS, "timeoutMs": SPIN_MS}))
+    assert client.receive()["type"] == "started"
     stop.wait(SPIN_MS / 1000)
-    client.send_text(cancel_message(f"spin-{index}"))
-    for text in texts:
-        if json.loads(text)["type"] == "done":
-            break
+    client.send(cancel_message(f"spin-{index}"))
+    while client.receive()["type"] != "done":
+        pass
     client.close()
 
 
 def resume_latencies(url: str, rounds: int, calls: int) -> list[float]:
-    """Seconds from each tool_result to the next tool_call, over ``rounds`` executions."""
+    """Milliseconds from each ``tool_result`` to the next ``tool_call``, over ``rounds`` executions."""
     samples: list[float] = []
-    for round_index in range(rounds):
-        client = BlockingClient(parse_uri(url))
-        client.send_text(execute_message(f"resume-{round_index}", tool_code(calls)))
+    for index in range(rounds):
+        client = BlockingClient(url)
+        client.send(execute_message(f"resume-{index}", tool_code(calls)))
         sent: float | None = None
-        for text in client.texts():
-            message: dict[str, Any] = json.loads(text)
+        for message in client.incoming:
             if message["type"] == "tool_call":
                 if sent is not None:
-                    samples.append(time.perf_counter() - sent)
-                client.send_text(tool_result(message))
+                    samples.append((time.perf_counter() - sent) * 1000)
+                client.send(tool_result(message))
                 sent = time.perf_counter()
             elif message["type"] == "done":
                 break
@@ -67,76 +66,68 @@ def resume_latencies(url: str, rounds: int, calls: int) -> list[float]:
     return samples
 
 
-def cancel_latencies(url: str, rounds: int, code: str, wait_for_call: bool) -> list[float]:
+def cancel_latencies(url: str, rounds: int, code: str) -> tuple[list[float], int]:
+    """Milliseconds from ``cancel`` to ``done``; in how many ``done``s the guest's log line survived."""
     samples: list[float] = []
-    for round_index in range(rounds):
-        exec_id = f"cancel-{round_index}"
-        client = BlockingClient(parse_uri(url))
-        client.send_text(execute_message(exec_id, code))
-        texts = client.texts()
-        json.loads(next(texts))  # started
-        if wait_for_call:
-            json.loads(next(texts))  # tool_call: now parked
-        else:
-            time.sleep(0.01)  # now spinning
+    kept = 0
+    for index in range(rounds):
+        client = BlockingClient(url)
+        client.send(execute_message(f"cancel-{index}", code, {**OPTIONS, "timeoutMs": 60_000}, MANIFEST))
+        assert client.receive()["type"] == "started"
+        call = client.receive()  # the guest is running, awaiting a tool
+        if code == SPINNING:
+            client.send(tool_result(call))
+            time.sleep(0.02)  # now spinning
         sent = time.perf_counter()
-        client.send_text(cancel_message(exec_id))
-        for text in texts:
-            if json.loads(text)["type"] == "done":
-                samples.append(time.perf_counter() - sent)
-                break
+        client.send(cancel_message(f"cancel-{index}"))
+        while (done := client.receive())["type"] != "done":
+            pass
+        samples.append((time.perf_counter() - sent) * 1000)
+        kept += done.get("logs") == ["before"]
         client.close()
-    return samples
+    return samples, kept
 
 
 def timeout_lateness(url: str, rounds: int, timeout_ms: int) -> list[float]:
     samples: list[float] = []
-    for round_index in range(rounds):
-        client = BlockingClient(parse_uri(url))
+    for index in range(rounds):
+        client = BlockingClient(url)
         started = time.perf_counter()
-        client.send_text(execute_message(f"t-{round_index}", "while (true) {}", {**OPTIONS, "timeoutMs": timeout_ms}))
-        for text in client.texts():
-            if json.loads(text)["type"] == "done":
-                samples.append(time.perf_counter() - started - timeout_ms / 1000)
-                break
+        client.send(execute_message(f"t-{index}", "while (true) {}", {**OPTIONS, "timeoutMs": timeout_ms}))
+        while client.receive()["type"] != "done":
+            pass
+        samples.append((time.perf_counter() - started) * 1000 - timeout_ms)
         client.close()
     return samples
-
-
-def show(name: str, samples: list[float], bound_ms: float | None = None) -> None:
-    ms = [sample * 1000 for sample in samples]
-    line = f"  {name:<38} n={len(ms):<5} p50 {percentile(ms, 0.50):6.2f} ms  p99 {percentile(ms, 0.99):6.2f} ms  max {max(ms):6.2f} ms"
-    if bound_ms is not None:
-        line += f"  (over {bound_ms:g} ms: {sum(1 for m in ms if m > bound_ms)})"
-    print(line)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spinners", type=int, default=2 * (os.cpu_count() or 1))
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--url")
-    parser.add_argument("--daemon-arg", action="append", default=[])
+    parser.add_argument("--daemon-arg", action="append", default=[], help="passed to `serve` (repeatable)")
     args = parser.parse_args()
-    server = None if args.url else start_daemon(extra_args=args.daemon_arg)
-    url = args.url or server.url  # type: ignore[union-attr]
+    daemon = start_daemon(extra_args=args.daemon_arg)
     stop = threading.Event()
-    spinners = [threading.Thread(target=spin, args=(url, index, stop)) for index in range(args.spinners)]
+    spinners = [threading.Thread(target=spin, args=(daemon.url, i, stop)) for i in range(args.spinners)]
     try:
         for thread in spinners:
             thread.start()
         time.sleep(0.5)
+        url, rounds = daemon.url, args.rounds
         print(f"{args.spinners} guests spinning on {os.cpu_count()} cores")
-        show("resume after a tool_result", resume_latencies(url, args.rounds // 10, 10), 10)
-        show("cancel, guest awaiting a tool", cancel_latencies(url, args.rounds, "await tools.echo({})", True), 25)
-        show("cancel, guest spinning", cancel_latencies(url, args.rounds // 4, "while (true) {}", False), 25)
-        show("timeout (300 ms) lateness, guest spinning", timeout_lateness(url, args.rounds // 10, 300), 25)
+        awaiting, _ = cancel_latencies(url, rounds, "await tools.hang({})")
+        spinning, kept = cancel_latencies(url, rounds // 4 or 1, SPINNING)
+        print(f"  resume after a tool_result                {spread(resume_latencies(url, rounds // 10 or 1, 10), 10)}")
+        print(f"  cancel, guest awaiting a tool             {spread(awaiting, 25)}")
+        print(f"  cancel, guest spinning                    {spread(spinning, 25)}; log kept in {kept}/{len(spinning)}")
+        lateness = timeout_lateness(url, rounds // 10 or 1, 300)
+        print(f"  timeout (300 ms) lateness, guest spinning {spread(lateness, 25)}")
     finally:
         stop.set()
         for thread in spinners:
             thread.join(timeout=30)
-        if server is not None:
-            server.stop()
+        daemon.stop()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""The latency client: one host connection at a time, websockets' Sans-I/O ``ClientProtocol`` over a blocking socket.
+"""The latency client: one host connection, websockets' Sans-I/O ``ClientProtocol`` over a blocking socket.
 
-The same client measures the daemon and the echo baseline, so the ratios
-between them compare servers, not clients.
+Every script that times single executions (``latency.py``, ``neighbours.py``)
+uses it; many executions at once go through the load client (``benchkit.load``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import State
-from websockets.uri import WebSocketURI
+from websockets.uri import parse_uri
 
-from .stats import LatencyStats
 from .workload import execute_message, tool_result
 
 IO_TIMEOUT_S: Final = 10.0  # any single socket operation; nothing may hang
@@ -26,9 +25,10 @@ RECEIVE_BYTES: Final = 65536
 
 
 class BlockingClient:
-    """A WebSocket client: websockets' ``ClientProtocol`` over a blocking socket."""
+    """A WebSocket connection to ``url``, open once built; every socket operation is bounded."""
 
-    def __init__(self, uri: WebSocketURI) -> None:
+    def __init__(self, url: str) -> None:
+        uri = parse_uri(url)
         self.ws = ClientProtocol(uri, max_size=None)
         self.sock = socket.create_connection((uri.host, uri.port), timeout=IO_TIMEOUT_S)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -39,6 +39,7 @@ class BlockingClient:
             if isinstance(event, Response):
                 if self.ws.state is not State.OPEN:
                     raise ConnectionError(f"handshake failed: HTTP {event.status_code}")
+                self.incoming = self.messages()  # one iterator: a read may hold several messages
                 return
         raise ConnectionError("connection closed during the handshake")
 
@@ -51,9 +52,9 @@ class BlockingClient:
                 self.eof = True  # the protocol wants the TCP connection closed
 
     def events(self) -> Iterator[Request | Response | Frame]:
-        """Protocol events as data arrives, until EOF; bounded by the socket timeout."""
+        """Protocol events as data arrives, until EOF."""
         while not self.eof:
-            data = self.sock.recv(RECEIVE_BYTES)
+            data = self.sock.recv(65536)
             if data:
                 self.ws.receive_data(data)
             else:
@@ -63,23 +64,23 @@ class BlockingClient:
             if not data or self.ws.state is State.CLOSED:
                 return
 
-    def send_text(self, data: bytes) -> None:
-        self.ws.send_text(data)
-        self.flush()
-
-    def texts(self) -> Iterator[bytes]:
-        """Whole text messages (fragments joined) until the connection ends.
-
-        Keep one iterator per connection: abandoning it drops messages that
-        arrived in the same read.
-        """
+    def messages(self) -> Iterator[dict[str, Any]]:
+        """Whole text messages (fragments joined), decoded, until the connection ends."""
         fragments: list[bytes] = []
         for event in self.events():
             if isinstance(event, Frame) and event.opcode in (Opcode.TEXT, Opcode.CONT):
                 fragments.append(bytes(event.data))
                 if event.fin:
-                    yield b"".join(fragments)
+                    yield json.loads(b"".join(fragments))
                     fragments = []
+
+    def receive(self) -> dict[str, Any]:
+        """The next message; ``StopIteration`` if the connection ended."""
+        return next(self.incoming)
+
+    def send(self, data: bytes) -> None:
+        self.ws.send_text(data)
+        self.flush()
 
     def close(self) -> None:
         """Closing handshake, then wait for the server to close TCP (bounded), then close."""
@@ -91,29 +92,26 @@ class BlockingClient:
         self.sock.close()
 
 
-def run_execution(uri: WebSocketURI, exec_id: str, code: str) -> tuple[float, dict[str, Any] | None, str]:
-    """One execution on a fresh connection, as a host does it.
-
-    Returns (seconds from connect to closed, the ``done`` message or None, failure detail).
-    """
+def run_execution(url: str, exec_id: str, code: str) -> tuple[float, dict[str, Any] | None, str]:
+    """One execution on a fresh connection, as a host does it, every ``tool_call`` answered at once
+    with its input. Returns (seconds from connect to closed, the ``done`` or None, what went wrong)."""
     t0 = time.perf_counter()
-    client = BlockingClient(uri)
-    client.send_text(execute_message(exec_id, code))
+    client = BlockingClient(url)
+    client.send(execute_message(exec_id, code))
     done: dict[str, Any] | None = None
     detail = ""
     saw_started = False
-    for text in client.texts():
-        message = json.loads(text)
+    for message in client.incoming:
         kind = message.get("type")
         if kind == "started":
             saw_started = True
         elif kind == "tool_call":
-            client.send_text(tool_result(message))
+            client.send(tool_result(message))
         elif kind == "done":
             done = message
             break
         else:
-            detail = f"unexpected message {text[:200]!r}"
+            detail = f"unexpected message {str(message)[:200]}"
     client.close()
     elapsed = time.perf_counter() - t0
     if done is None:
@@ -121,28 +119,3 @@ def run_execution(uri: WebSocketURI, exec_id: str, code: str) -> tuple[float, di
     elif not saw_started:
         detail = "done without started"
     return elapsed, done, detail
-
-
-def execute_once(uri: WebSocketURI, stats: LatencyStats, exec_id: str, code: str, expect: Any) -> None:
-    """One fresh-connection execution into ``stats``; the done must be ok with result ``expect``."""
-    try:
-        elapsed, done, detail = run_execution(uri, exec_id, code)
-    except (OSError, ValueError) as exc:
-        stats.fail(f"{type(exc).__name__}: {exc}")
-        return
-    if done is None or detail:
-        stats.fail(detail)
-    elif done.get("ok") is not True:
-        stats.fail(f"done not ok: {json.dumps(done)}")
-    elif done.get("result") != expect:
-        stats.fail(f"unexpected result {done.get('result')!r}, expected {expect!r}")
-    else:
-        stats.samples_ms.append(elapsed * 1000)
-
-
-def measure_executions(uri: WebSocketURI, name: str, code: str, iterations: int, expect: Any) -> LatencyStats:
-    """Sequential fresh-connection executions of ``code``."""
-    stats = LatencyStats(name)
-    for i in range(iterations):
-        execute_once(uri, stats, f"{name}-{i}", code, expect)
-    return stats

@@ -27,6 +27,15 @@ def number(value: float, digits: int = 4) -> float | None:
     return None if math.isnan(value) else round(value, digits)
 
 
+def spread(ms: list[float], bound_ms: float | None = None) -> str:
+    """Milliseconds summed up: how many, median, p95, p99, max (and how many over ``bound_ms``)."""
+    if not ms:
+        return "no samples"
+    text = f"n={len(ms):<5} median {percentile(ms, 0.5):7.2f}  p95 {percentile(ms, 0.95):7.2f}"
+    text += f"  p99 {percentile(ms, 0.99):7.2f}  max {max(ms):7.2f} ms"
+    return text + (f"  (over {bound_ms:g} ms: {sum(m > bound_ms for m in ms)})" if bound_ms is not None else "")
+
+
 @dataclass
 class LatencyStats:
     """Latencies of one measurement, in milliseconds, and its failures (counted, a few kept)."""

@@ -1,7 +1,7 @@
 """What the benchmark asks the daemon to run, and the host messages that carry it.
 
-Every client (latency, load, cancel) builds its frames here, so they all send
-the same bytes and their figures compare.
+Both clients (latency and load) build their messages here, so they send the
+same bytes and their figures compare.
 """
 
 from __future__ import annotations
@@ -15,15 +15,6 @@ OPTIONS: Final[dict[str, int]] = {
     "maxLogLines": 100,
     "maxLogChars": 64000,
 }
-CPU_CODE: Final = "let s = 0; for (let i = 1; i <= 2e6; i++) s += i; s"
-CPU_RESULT: Final = 2000001000000
-# Allocation-heavy: ~20 MB of small objects, strings and arrays, sorted and serialized. Its cost
-# moves with the engine's allocator (arena size, the memory limit's hooks), the loop's does not.
-ALLOC_CODE: Final = (
-    "const rows = []; for (let i = 0; i < 100000; i++) rows.push({ id: i, name: 'n' + i, tags: [i % 7, i % 11] });"
-    " rows.sort((a, b) => b.id - a.id); JSON.parse(JSON.stringify(rows.slice(0, 1000))).length + rows[0].id"
-)
-ALLOC_RESULT: Final = 100999
 THROUGHPUT_CODE: Final = "1+1"
 
 
