@@ -1,5 +1,5 @@
-"""Two sides measured in alternated pairs, and the pairs compared one by one (``alternate.py``,
-``worker_steady.py``, ``runtime_cost.py``, ``guest_cost.py``, ``floor.py --other``).
+"""Two sides measured in alternated pairs, and the pairs compared one by one (``throughput.py
+--other``, ``worker_steady.py``, ``runtime_cost.py``).
 
 On this shared machine a figure moves by far more from hour to hour than a change moves it: only
 runs alternated under the same conditions compare, and a change of a few percent shows in how
