@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -37,81 +38,72 @@ def script(path: Path, name: str) -> ModuleType:
 build = script(BUILD_SCRIPT, "quickjs_build")
 
 
-def sdist_tree(root: Path, arena_line: str) -> Path:
-    """The files of quickjs-ng's sdist that the build edits, each holding the texts it edits
-    (the real sdist is edited by ``.ci/run``, which builds it and runs the suite on the result)."""
-    (root / "upstream-quickjs").mkdir(parents=True)
-    (root / "quickjs").mkdir()
-    # The discard's texts hold three of the four calls the budget reroutes; arena_new the fourth.
-    arena_new = f"    ar = rt->mf.js_malloc(rt->malloc_state.opaque,\n{build.BUDGET_CHECK[1]}"
-    sources: dict[str, str] = {build.QUICKJS_C: f"#define JS_ARENA_ALIGN             8\n{arena_line}{arena_new}"}
-    for name, old, _ in (*build.BUDGET, *build.LAZY_CLOCK, *build.DISCARD, *build.LAZY_ACCESSORS):
-        sources[name] = sources.get(name, "") + f"/* ... */\n{old}"
-    for name, text in sources.items():
-        (root / name).write_text(text)
+def sdist_tree(root: Path) -> Path:
+    """The files of quickjs-ng's sdist that the build writes to itself (the patches are applied to
+    the real sdist by ``.ci/run``, which builds it and runs the suite on the result)."""
+    (root / "quickjs").mkdir(parents=True)
     (root / "quickjs" / "__init__.py").write_text("import _quickjs\n")
     (root / "pyproject.toml").write_text(f'[project]\nname = "quickjs-ng"\nversion = "{build.VERSION}"\n')
     return root
 
 
 def module_settings(tree: Path) -> dict[str, object]:
-    """What the patched ``quickjs/__init__.py`` sets (without importing the extension)."""
+    """What the configured ``quickjs/__init__.py`` sets (without importing the extension)."""
     namespace: dict[str, object] = {}
     exec((tree / "quickjs" / "__init__.py").read_text().replace("import _quickjs\n", ""), namespace)
     return namespace
 
 
-def test_the_build_sets_the_arena_size_adds_the_budget_the_clock_the_discard_and_lazy_accessors_and_says_so(
-    tmp_path: Path,
-) -> None:
-    tree = sdist_tree(tmp_path, build.ARENA_LINE)
-    build.patch(tree, 2048)
-    source = (tree / build.QUICKJS_C).read_text()
-    assert "#define JS_ARENA_SIZE              2048\n" in source
-    assert "void JS_DiscardRuntime(JSRuntime *rt)\n{" in source
-    for name, _, edited in (*build.BUDGET, *build.LAZY_CLOCK, *build.DISCARD, *build.LAZY_ACCESSORS):
-        expected = edited
-        for call, budgeted, _ in build.BUDGET_CALLS:  # the discard's calls, rerouted through the budget
-            expected = expected.replace(call, budgeted)
-        assert expected in (tree / name).read_text()
-    assert "static bool js_budget_refuses(JSRuntime *rt, ptrdiff_t size)\n" in source
-    # Every request to the backing allocator goes through the budget, except from the check itself.
-    assert [source.count(new) for _, new, _ in build.BUDGET_CALLS] == [times for _, _, times in build.BUDGET_CALLS]
-    assert source.count("rt->mf.js_malloc(rt->malloc_state.opaque,") == 1  # in js_budget_malloc
-    namespace = module_settings(tree)
-    assert namespace["ARENA_BYTES"] == 2048
-    assert namespace["NATIVE_BUDGET"] is True
-    assert namespace["DISCARDS_RUNTIMES"] is True
-    assert namespace["LAZY_ACCESSORS"] is True
-    assert namespace["LAZY_CLOCK"] is True
-    assert namespace["PROFILE_GUIDED"] is True
+def test_the_series_names_every_patch_each_saying_what_and_why() -> None:
+    names = [path.name for path in build.series()]
+    assert sorted(path.name for path in build.PATCHES.glob("*.patch")) == names
+    assert names == sorted(names) and len(set(names)) == len(names)
+    for path in build.series():
+        header = path.read_text().split("\n--- a/", 1)[0]
+        assert header.count("\n") >= 4, f"{path.name}: its header says too little"
+        for line in path.read_text().splitlines():
+            assert line.startswith(("--- a/", "+++ b/")) or not line.startswith(("--- ", "+++ ")), (path.name, line)
+
+
+def test_the_options_leave_out_the_patches_they_name() -> None:
+    every = build.series()
+    assert build.PATCHES / build.DISCARD_PATCH in every and build.PATCHES / build.LAZY_ACCESSORS_PATCH in every
+    assert build.series(discard=False) == [path for path in every if path.name != build.DISCARD_PATCH]
+    assert build.series(lazy_accessors=False) == [path for path in every if path.name != build.LAZY_ACCESSORS_PATCH]
+
+
+def test_the_build_says_what_it_holds_and_labels_its_version(tmp_path: Path) -> None:
+    tree = sdist_tree(tmp_path)
+    build.configure(tree, 2048, discard=True, lazy_accessors=True, pgo=True)
+    assert module_settings(tree) | {"__builtins__": None} == {
+        "__builtins__": None,
+        "ARENA_BYTES": 2048,
+        "NATIVE_BUDGET": True,
+        "LAZY_CLOCK": True,
+        "DISCARDS_RUNTIMES": True,
+        "LAZY_ACCESSORS": True,
+        "PROFILE_GUIDED": True,
+    }
     assert (
         f'version = "{build.VERSION}+arena2048.budget.clock.lazy.discard.pgo"' in (tree / "pyproject.toml").read_text()
     )
 
 
-def test_the_build_to_measure_against_leaves_the_discard_out(tmp_path: Path) -> None:
-    tree = sdist_tree(tmp_path, build.ARENA_LINE)
-    build.patch(tree, 2048, discard=False)
-    assert "JS_DiscardRuntime" not in (tree / build.QUICKJS_C).read_text()
-    namespace = module_settings(tree)
-    assert namespace["DISCARDS_RUNTIMES"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy.pgo"\n' in (tree / "pyproject.toml").read_text()
-
-
-def test_the_build_to_measure_against_makes_accessors_eagerly(tmp_path: Path) -> None:
-    tree = sdist_tree(tmp_path, build.ARENA_LINE)
-    build.patch(tree, 2048, lazy_accessors=False)
-    assert "js_autoinit_is_getset" not in (tree / build.QUICKJS_C).read_text()
-    assert module_settings(tree)["LAZY_ACCESSORS"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget.clock.discard.pgo"\n' in (tree / "pyproject.toml").read_text()
-
-
-def test_the_build_to_measure_against_is_compiled_without_a_profile(tmp_path: Path) -> None:
-    tree = sdist_tree(tmp_path, build.ARENA_LINE)
-    build.patch(tree, 2048, pgo=False)
-    assert module_settings(tree)["PROFILE_GUIDED"] is False
-    assert f'version = "{build.VERSION}+arena2048.budget.clock.lazy.discard"\n' in (tree / "pyproject.toml").read_text()
+@pytest.mark.parametrize(
+    ("options", "setting", "version"),
+    [
+        ({"discard": False}, "DISCARDS_RUNTIMES", "+arena2048.budget.clock.lazy.pgo"),
+        ({"lazy_accessors": False}, "LAZY_ACCESSORS", "+arena2048.budget.clock.discard.pgo"),
+        ({"pgo": False}, "PROFILE_GUIDED", "+arena2048.budget.clock.lazy.discard"),
+    ],
+)
+def test_a_build_to_measure_against_says_what_it_leaves_out(
+    tmp_path: Path, options: dict[str, bool], setting: str, version: str
+) -> None:
+    tree = sdist_tree(tmp_path)
+    build.configure(tree, 2048, **{"discard": True, "lazy_accessors": True, "pgo": True, **options})
+    assert module_settings(tree)[setting] is False
+    assert f'version = "{build.VERSION}{version}"\n' in (tree / "pyproject.toml").read_text()
 
 
 def test_the_profile_guided_builds_keep_the_interpreters_compiler_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,10 +132,21 @@ def test_every_training_program_ends_as_it_says(monkeypatch: pytest.MonkeyPatch)
     assert training.train(1) == ["'return 1': None (), expected timeout"]
 
 
-def test_the_build_refuses_a_source_it_was_not_written_for(tmp_path: Path) -> None:
-    tree = sdist_tree(tmp_path, "#define JS_ARENA_SIZE 8192\n")
+def test_the_build_refuses_an_sdist_it_was_not_written_for(tmp_path: Path) -> None:
+    archive = sdist_archive(tmp_path / "quickjs_ng-0.17.0.2.tar.gz", ("quickjs_ng-0.17.0.2/setup.py", b"setup()\n"))
+    with pytest.raises(SystemExit, match="not that of quickjs-ng"):
+        build.verify(archive)
+    tree = sdist_tree(tmp_path / "tree")
+    (tree / "upstream-quickjs").mkdir()
+    source = tree / "upstream-quickjs" / "quickjs.c"
+    source.write_text("#define JS_ARENA_ALIGN             8\n#define JS_ARENA_SIZE 8192\n")
+    with pytest.raises(SystemExit, match=re.escape(f"{build.series()[0].name} does not apply")):
+        build.apply(tree, build.series())
+    assert source.read_text().endswith("SIZE 8192\n")  # left as it was, with no backup or rejects beside it
+    assert sorted(path.name for path in tree.rglob("*.*")) == ["__init__.py", "pyproject.toml", "quickjs.c"]
+    (tree / "pyproject.toml").write_text('version = "0.16.0"\n')
     with pytest.raises(SystemExit, match="not quickjs-ng"):
-        build.patch(tree, 2048)
+        build.configure(tree, 2048, discard=True, lazy_accessors=True, pgo=True)
 
 
 # A script's start: glibc's count of the C heap's bytes in use, mallinfo2().uordblks.
