@@ -21,7 +21,6 @@ from websockets.uri import parse_uri
 from .workload import execute_message, tool_result
 
 IO_TIMEOUT_S: Final = 10.0  # any single socket operation; nothing may hang
-RECEIVE_BYTES: Final = 65536
 
 
 class BlockingClient:
