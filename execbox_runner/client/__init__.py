@@ -18,14 +18,19 @@ from .errors import (
     ToolError,
     Unauthorized,
 )
+from .events import DoneEvent, Event, LogEvent, ToolCallEvent
 from .execution import ExecuteResult
-from .runner import Limits, Runner
+from .runner import EventStream, Limits, Runner
 from .tools import Providers, Tool, safe_name
 
 __all__ = [
+    "DoneEvent",
     "ErrorInfo",
+    "Event",
+    "EventStream",
     "ExecuteResult",
     "Limits",
+    "LogEvent",
     "Providers",
     "Runner",
     "RunnerBusy",
@@ -35,6 +40,7 @@ __all__ = [
     "RunnerRefused",
     "RunnerUnavailable",
     "Tool",
+    "ToolCallEvent",
     "ToolError",
     "Unauthorized",
     "safe_name",

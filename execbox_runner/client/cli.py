@@ -1,7 +1,7 @@
 """``execbox-runner exec``: run JavaScript from a shell, on a private local runner or a remote one.
 
-The guest's logs go to stderr and its result, as JSON, to stdout, so the
-output can be piped. ``CODE_OR_FILE`` is code, a file or ``-`` (stdin), by the
+The guest's logs go to stderr as it writes them (from a runner with live logs; else at its
+end) and its result, as JSON, to stdout, so the output can be piped. ``CODE_OR_FILE`` is code, a file or ``-`` (stdin), by the
 rule in ``CODE_OR_FILE_HELP``.
 
 Exit status (the scheme of every command, ``exit_statuses``): 0 the execution
@@ -54,8 +54,8 @@ def add_exec_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     parser = commands.add_parser(
         "exec",
         help="run JavaScript on a runner (a private local one by default); print its logs and result",
-        description="Run JavaScript on a runner (a private local one by default). The guest's logs go to stderr,"
-        " its result as JSON to stdout.",
+        description="Run JavaScript on a runner (a private local one by default). The guest's logs go to stderr"
+        " as it writes them, its result as JSON to stdout.",
         formatter_class=HelpFormatter,
         epilog=exit_statuses(
             failure="the execution failed (a guest error or its timeout), or the runner could not be reached,"
@@ -98,15 +98,13 @@ def run_exec(args: argparse.Namespace) -> int:
     token = args.token or from_environment(TOKEN_ENV, PROG)
     try:
         with Runner.connect(url, token=token) if url else Runner.local() as runner:
-            result = runner.execute_sync(code, timeout_ms=args.timeout_ms)
+            result = runner.execute_sync(code, timeout_ms=args.timeout_ms, on_log=_log_line)
     except ValueError as exc:  # a URL that is not ws:// or wss://
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except RunnerError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exit_status(exc)
-    for line in result.logs:
-        print(line, file=sys.stderr)
     if result.error is not None:
         if result.refused:
             print(
@@ -118,6 +116,11 @@ def run_exec(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print(json.dumps(result.result, ensure_ascii=False))  # an undefined result prints as null
     return EXIT_OK
+
+
+def _log_line(line: str) -> None:
+    """A guest's log line on stderr, as it is written (on a runner with live logs)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def exit_status(error: RunnerError) -> int:

@@ -11,6 +11,9 @@ This is execbox's host session in Python: send ``execute``, answer every
   for the ``done`` (so the runner can keep its worker), and re-raises;
 - a connection that ends before ``done`` raises ``RunnerDisconnected``, a
   frame that is not a runner message ``RunnerProtocolError``.
+
+An ``observe`` callable sees each log line (live from a runner offering the ``live-logs``
+extension, else from the ``done``; each line once, in order) and each tool call as it comes.
 """
 
 from __future__ import annotations
@@ -23,16 +26,19 @@ import anyio.abc
 import msgspec
 from msgspec import UNSET
 
-from ..protocol.messages import Cancel, Done, ErrorInfo, Execute, Started, ToolCall, encode
+from ..protocol.messages import Cancel, Done, ErrorInfo, Execute, Log, Started, ToolCall, encode
 from .errors import RunnerDisconnected, RunnerError, RunnerProtocolError
+from .events import LogEvent, Observer, ToolCallEvent
 from .tools import Providers
 from .transport import WebSocket
 
 HOST_BACKSTOP_S: Final = 0.1  # execbox's HOST_TIMEOUT_BACKSTOP_MS
 CANCEL_GRACE_S: Final = 0.025  # execbox's DEFAULT_CANCEL_GRACE_MS
 TIMEOUT_MESSAGE: Final = "Execution timed out"
-_RUNNER_TYPES: Final = frozenset({"started", "tool_call", "done"})
-_decoder: Final[msgspec.json.Decoder[Started | ToolCall | Done]] = msgspec.json.Decoder(Started | ToolCall | Done)
+_RUNNER_TYPES: Final = frozenset({"started", "tool_call", "log", "done"})
+_decoder: Final[msgspec.json.Decoder[Started | ToolCall | Log | Done]] = msgspec.json.Decoder(
+    Started | ToolCall | Log | Done
+)
 _any_decoder: Final = msgspec.json.Decoder()
 
 
@@ -57,10 +63,14 @@ class ExecuteResult:
 
 
 class Execution:
-    def __init__(self, websocket: WebSocket, execute: Execute, providers: Providers) -> None:
+    def __init__(
+        self, websocket: WebSocket, execute: Execute, providers: Providers, observe: Observer | None = None
+    ) -> None:
         self._websocket = websocket
         self._execute = execute
         self._providers = providers
+        self._observe = observe
+        self._shown = 0  # log lines given to ``observe`` so far
         self._done: Done | None = None
         self._started = False
 
@@ -103,12 +113,27 @@ class Execution:
         while self._done is None:
             message = _decode(await self._websocket.receive())
             if isinstance(message, ToolCall) and tools is not None:
+                self._show_call(message)
                 tools.start_soon(self._answer, message)
+            elif isinstance(message, Log) and message.id == self._execute.id:
+                self._show_lines(message.lines)
             elif isinstance(message, Done) and message.id == self._execute.id:
                 self._done = message
+                self._show_lines(message.logs[self._shown :])  # all of them, from a runner without live logs
             elif isinstance(message, Started) and message.id == self._execute.id:
                 self._started = True
             # messages about another execution id need no answer
+
+    def _show_lines(self, lines: list[str]) -> None:
+        if self._observe is not None:
+            for line in lines:
+                self._observe(LogEvent(line))
+        self._shown += len(lines)
+
+    def _show_call(self, call: ToolCall) -> None:
+        if self._observe is not None:
+            value = None if call.input is UNSET else msgspec.json.decode(call.input)
+            self._observe(ToolCallEvent(call.providerName, call.safeToolName, value))
 
     async def _answer(self, call: ToolCall) -> None:
         result = await self._providers.answer(call)
@@ -129,7 +154,7 @@ class Execution:
             pass  # gone already: the caller gets the timeout (or its cancellation)
 
 
-def _decode(data: bytes) -> Started | ToolCall | Done | None:
+def _decode(data: bytes) -> Started | ToolCall | Log | Done | None:
     """A runner message; ``None`` for a message type this client does not know (ignored, as execbox does)."""
     try:
         return _decoder.decode(data)

@@ -8,9 +8,12 @@ object works from asyncio, from trio (through anyio) and from synchronous code.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import math
 import ssl
 import uuid
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from types import TracebackType
 from typing import Final, TypedDict, Unpack
@@ -18,8 +21,12 @@ from typing import Final, TypedDict, Unpack
 import anyio
 import anyio.to_thread
 import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream
 
+from ..protocol import extensions
 from ..protocol.messages import Execute, RuntimeOptions
+from .errors import RunnerError
+from .events import DoneEvent, Event, LogEvent, Observer, ToolCallEvent
 from .execution import ExecuteResult, Execution
 from .local import LocalDaemon
 from .tools import Providers, ProviderTools
@@ -41,6 +48,8 @@ DEFAULT_LIMITS: Final[Limits] = {
     "max_log_lines": 100,
     "max_log_chars": 64_000,
 }
+# The handshake header that asks a runner for live logs (runners without them ignore it).
+LIVE_LOGS: Final = ((extensions.HEADER, extensions.LIVE_LOGS),)
 # The wire's spellings of the limits (``RuntimeOptions``), as a caller may write them by mistake.
 _WIRE_NAMES: Final = {
     "timeoutMs": "timeout_ms",
@@ -100,30 +109,88 @@ class Runner:
         return runner
 
     async def execute(
-        self, code: str, providers: Providers | ProviderTools | None = None, **limits: Unpack[Limits]
+        self,
+        code: str,
+        providers: Providers | ProviderTools | None = None,
+        *,
+        on_log: Callable[[str], object] | None = None,
+        **limits: Unpack[Limits],
     ) -> ExecuteResult:
         """Run ``code`` with ``providers`` (``{"namespace": {"tool": callable}}``) as guest globals.
+
+        ``on_log`` is called with each line the guest logs, once and in order: as the guest writes
+        it on a runner offering live logs, else all at the end (the result's ``logs`` has them too).
 
         Returns the result for anything the guest did (including ``timeout``);
         raises a ``RunnerError`` when the runner could not run it, and
         ``TypeError`` for a keyword that is not one of ``Limits``, before anything runs.
         """
         _check_limits("execute", limits)
+        observe = None if on_log is None else partial(_log_lines_to, on_log)
+        return await self._run(code, providers, limits, observe)
+
+    def execute_sync(
+        self,
+        code: str,
+        providers: Providers | ProviderTools | None = None,
+        *,
+        on_log: Callable[[str], object] | None = None,
+        **limits: Unpack[Limits],
+    ) -> ExecuteResult:
+        """``execute`` for synchronous code (its own event loop; call it from any thread without one)."""
+        _check_limits("execute_sync", limits)
+        return anyio.run(partial(self.execute, code, providers, on_log=on_log, **limits))
+
+    @contextlib.asynccontextmanager
+    async def events(
+        self, code: str, providers: Providers | ProviderTools | None = None, **limits: Unpack[Limits]
+    ) -> AsyncIterator[EventStream]:
+        """Run ``code`` as ``execute`` does, showing it as it runs: ``async for event in events``
+        gives each ``LogEvent`` and ``ToolCallEvent`` as it happens, then one ``DoneEvent``.
+
+            async with runner.events(code, providers) as events:
+                async for event in events: ...
+
+        Leaving the block before the ``DoneEvent`` cancels the execution. A ``RunnerError`` is
+        raised by the iteration, where the ``DoneEvent`` would have come."""
+        _check_limits("events", limits)
+        send, receive = anyio.create_memory_object_stream[Event](math.inf)
+        stream = EventStream(receive)
+
+        async def run() -> None:
+            with send:
+                try:
+                    send.send_nowait(DoneEvent(await self._run(code, providers, limits, send.send_nowait)))
+                except RunnerError as exc:
+                    stream.failure = exc
+
+        failure: Exception | None = None
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(run)
+            try:
+                with receive:
+                    yield stream
+            except Exception as exc:  # raised below, outside the task group, so it is not wrapped in a group
+                failure = exc
+            task_group.cancel_scope.cancel()  # the block is left: an execution still running is cancelled
+        if failure is not None:
+            raise failure
+
+    async def _run(
+        self, code: str, providers: Providers | ProviderTools | None, limits: Limits, observe: Observer | None
+    ) -> ExecuteResult:
         resolved = Providers.of(providers)
         execute = Execute(
             id=f"exec-{uuid.uuid4().hex}", code=code, options=_options(limits), providers=resolved.manifests
         )
         websocket = await WebSocket.open(
-            self._url(), token=self.token, ssl_context=self.ssl_context, connect_timeout=self.connect_timeout
+            self._url(),
+            token=self.token,
+            ssl_context=self.ssl_context,
+            connect_timeout=self.connect_timeout,
+            headers=LIVE_LOGS if observe is not None else (),
         )
-        return await Execution(websocket, execute, resolved).run()
-
-    def execute_sync(
-        self, code: str, providers: Providers | ProviderTools | None = None, **limits: Unpack[Limits]
-    ) -> ExecuteResult:
-        """``execute`` for synchronous code (its own event loop; call it from any thread without one)."""
-        _check_limits("execute_sync", limits)
-        return anyio.run(partial(self.execute, code, providers, **limits))
+        return await Execution(websocket, execute, resolved, observe).run()
 
     def _url(self) -> str:
         if not self.url:
@@ -160,6 +227,30 @@ class Runner:
     ) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._stop)
+
+
+class EventStream:
+    """The events of one execution (``Runner.events``), as an async iterator."""
+
+    def __init__(self, receive: MemoryObjectReceiveStream[Event]) -> None:
+        self._receive = receive
+        self.failure: RunnerError | None = None  # why the execution ended without its ``done``
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            if self.failure is not None:
+                raise self.failure from None
+            raise StopAsyncIteration from None
+
+
+def _log_lines_to(on_log: Callable[[str], object], event: LogEvent | ToolCallEvent) -> None:
+    if isinstance(event, LogEvent):
+        on_log(event.line)
 
 
 def _check_limits(method: str, limits: Limits) -> None:

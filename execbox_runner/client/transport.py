@@ -60,8 +60,10 @@ class WebSocket:
         ssl_context: ssl.SSLContext | None = None,
         connect_timeout: float = 10.0,
         max_size: int | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> WebSocket:
-        """Connect and complete the handshake, or raise why not (refusals carry the HTTP status)."""
+        """Connect and complete the handshake (with ``headers`` added to the request), or raise why
+        not (refusals carry the HTTP status)."""
         try:
             uri = parse_uri(url)
         except InvalidURI as exc:
@@ -70,6 +72,7 @@ class WebSocket:
         request = protocol.connect()
         if token is not None:
             request.headers["Authorization"] = f"Bearer {token}"
+        request.headers.update(headers)
         protocol.send_request(request)
         stream: anyio.abc.ByteStream | None = None
         try:

@@ -34,7 +34,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from ..protocol import ipc
+from ..protocol import extensions, ipc
 from ..protocol.session import (
     Action,
     CloseTransport,
@@ -242,13 +242,17 @@ class Connection:
         self.correlation_id = logs.correlation_id(request.headers)
         if self._record_dir is not None:
             self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id, self._spawn)
+        turned_on = extensions.negotiate(request.headers.get_all(extensions.HEADER))
+        self.session.live_logs = extensions.LIVE_LOGS in turned_on
+        extra = ((extensions.HEADER, ", ".join(turned_on)),) if turned_on else ()
         if accept is not None:
-            self.transport.write(handshake.response(accept, self.correlation_id))
+            self.transport.write(handshake.response(accept, self.correlation_id, extra))
             self._flush()  # the protocol's answers to frames sent with the request (a pong)
         else:
             assert isinstance(self.ws, ServerProtocol)
             response = self.ws.accept(request)
             response.headers["X-Request-Id"] = self.correlation_id  # for the host's own logs
+            response.headers.update(extra)
             self.ws.send_response(response)
             # websockets' parser keeps the request for the connection's life: its headers
             # (~2.4 KiB) are of no use past the handshake.

@@ -151,7 +151,17 @@ class Done(Struct, tag="done", tag_field="type", frozen=True):
     error: ErrorInfo | UnsetType = UNSET
 
 
-RunnerMessage: TypeAlias = Started | ToolCall | Done
+class Log(Struct, tag="log", tag_field="type", frozen=True):
+    """Live logs, an extension a host opts into at the handshake (``extensions``): lines the guest
+    of execution ``id`` logged, sent as they arrive, before its ``done``. Every line sent is also in
+    ``done.logs``, in the same order, cut by the same limits: the lines of an execution's ``log``
+    messages, in order, are exactly its ``done.logs``."""
+
+    id: str
+    lines: list[str]
+
+
+RunnerMessage: TypeAlias = Started | ToolCall | Log | Done
 
 _host_decoder: Final[msgspec.json.Decoder[HostMessage]] = msgspec.json.Decoder(HostMessage)
 _raw_decoder: Final = msgspec.json.Decoder(Raw)

@@ -30,6 +30,7 @@ from .messages import (
     ErrorCode,
     ErrorInfo,
     Execute,
+    Log,
     Started,
     ToolCall,
     ToolFailure,
@@ -124,16 +125,19 @@ class _Execution:
     latencies: list[float]  # seconds from tool_call to tool_result, per settled call
     unknown_codes: list[str]  # failing tool_results' codes outside the stable set
 
-    def add_logs(self, lines: list[str]) -> None:
+    def add_logs(self, lines: list[str]) -> list[str]:
         """Keep what the specification's truncation keeps, as the worker should have:
-        a worker may be hostile, so its logs are cut here too, as they arrive."""
+        a worker may be hostile, so its logs are cut here too, as they arrive. The lines kept."""
+        kept: list[str] = []
         for line in lines:
             if self.log_lines_left <= 0 or self.log_chars_left <= 0:
-                return
-            kept, units = _clip_utf16(line, self.log_chars_left)
+                break
+            clipped, units = _clip_utf16(line, self.log_chars_left)
             self.log_lines_left -= 1
             self.log_chars_left -= units
-            self.logs.append(kept)
+            kept.append(clipped)
+        self.logs += kept
+        return kept
 
 
 class Session:
@@ -164,6 +168,9 @@ class Session:
         self.max_memory_limit_bytes = max_memory_limit_bytes
         self.phase = Phase.IDLE
         self.deadline: float | None = None
+        # The ``live-logs`` extension (``extensions``), turned on at the handshake: log lines go to
+        # the host as they arrive, each also in the ``done``.
+        self.live_logs = False
         self._exec: _Execution | None = None
         self._shutting_down = False
 
@@ -305,42 +312,47 @@ class Session:
         ex = self._exec
         if ex is None:
             return []
-        ex.add_logs(message.logs)
+        logged = self._logged(ex, message.logs)
         if self.phase is not Phase.RUNNING:
-            return []  # unwinding after cancel/timeout: no tool_call after the decision
+            return logged  # unwinding after cancel/timeout: no tool_call after the decision
         actions: list[Action] = []
         for call_id, provider, tool, input_json in message.calls:
             if call_id in ex.issued or (provider, tool) not in ex.tools:
-                return self.worker_lost(now, "worker sent an invalid tool call", misbehaved=True)
+                return logged + self.worker_lost(now, "worker sent an invalid tool call", misbehaved=True)
             try:
                 tool_input = UNSET if input_json is None else checked_json(input_json)
             except BadJSON as exc:
-                return self.worker_lost(now, f"worker sent an invalid tool input ({exc})", misbehaved=True)
+                return logged + self.worker_lost(now, f"worker sent an invalid tool input ({exc})", misbehaved=True)
             ex.issued.add(call_id)
             call = f"call-{call_id}"
             ex.pending[call] = (call_id, now)
             actions.append(
                 SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input)))
             )
-        return actions
+        return logged + actions
 
     def worker_finished(self, message: ipc.Finished, now: float) -> list[Action]:
         ex = self._exec
         if ex is None:
             return []
-        ex.add_logs(message.logs)
+        logged = self._logged(ex, message.logs)
         release = ReleaseWorker()
         if self.phase is Phase.ABORTING:
-            return self._finish_timeout(now, release)
+            return logged + self._finish_timeout(now, release)
         if message.ok:
             try:
                 result = UNSET if message.result is None else checked_json(message.result)
             except BadJSON as exc:
-                return self.worker_lost(now, f"worker sent an invalid result ({exc})", misbehaved=True)
-            return self._conclude(now, release, result=result)
+                return logged + self.worker_lost(now, f"worker sent an invalid result ({exc})", misbehaved=True)
+            return logged + self._conclude(now, release, result=result)
         # A timeout reported by the worker is its own deadline (the message says so) or a host's failing
         # tool_result with code timeout, which keeps the host's message like any other.
-        return self._conclude(now, release, message.code or "internal_error", message.message)
+        return logged + self._conclude(now, release, message.code or "internal_error", message.message)
+
+    def _logged(self, ex: _Execution, lines: list[str]) -> list[Action]:
+        """Keep a worker's log lines; with live logs on, send the kept ones to the host at once."""
+        kept = ex.add_logs(lines) if lines else lines
+        return [SendToHost(encode(Log(id=ex.id, lines=kept)))] if kept and self.live_logs else []
 
     def worker_lost(
         self, now: float, detail: str = "worker process exited unexpectedly", *, misbehaved: bool = False

@@ -11,7 +11,7 @@ naming ``upgrade``, one ``Sec-WebSocket-Key`` of 16 bytes and one
 ``Sec-WebSocket-Version: 13``. Anything else (a request still arriving, a
 malformed line, a plain HTTP request, an odd header) returns None and takes
 websockets' full path, so every answer to an unusual request stays websockets'
-own. No extension or subprotocol is offered on either path.
+own. No WebSocket extension or subprotocol is offered on either path.
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ def _accept_key(headers: Headers) -> str | None:
     return accept_key(keys[0])
 
 
-def response(accept: str, request_id: str) -> bytes:
-    """The 101 that opens the session: the headers websockets' answer has, in its order, and
-    the session's ``X-Request-Id``."""
+def response(accept: str, request_id: str, extra: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """The 101 that opens the session: the headers websockets' answer has, in its order, the
+    session's ``X-Request-Id``, and ``extra`` headers (plain tokens: nothing a host sent)."""
+    lines = "".join(f"{name}: {value}\r\n" for name, value in extra)
     return (
         f"HTTP/1.1 101 Switching Protocols\r\nDate: {_http_date()}\r\nUpgrade: websocket\r\n"
-        f"Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\nX-Request-Id: {request_id}\r\n\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\nX-Request-Id: {request_id}\r\n{lines}\r\n"
     ).encode("ascii")
 
 
