@@ -26,18 +26,16 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Final
 
-from benchkit.processes import STOP_TIMEOUT_S, Lines, start_daemon
+from benchkit.processes import Server, start_daemon, start_server
 from benchkit.procfs import tree_cpu_seconds
 
 HARNESS: Final = Path(__file__).resolve().parent / "execbox_host"
 INSTALL_S: Final = 900.0  # npm ci, npm run build
 SUITES_S: Final = 300.0
 ROUND_S: Final = 180.0  # one bench.ts run (a: ~4 s; b: up to 18 s; c: 5 s)
-REFERENCE_START_S: Final = 60.0
 
 
 def prepare(execbox: Path) -> Path:
@@ -60,35 +58,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_reference(execbox: Path, port: int) -> subprocess.Popen[str]:
+def start_reference(execbox: Path, port: int) -> Server:
     """execbox's reference endpoint on ``port``, once it says it listens."""
+    tsx = str(execbox / "node_modules" / ".bin" / "tsx")
+    environment = {**os.environ, "PORT": str(port)}
     process = subprocess.Popen(
-        [str(execbox / "node_modules" / ".bin" / "tsx"), "execbox-runner-harness/refServer.ts"],
-        cwd=execbox,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PORT": str(port)},
+        [tsx, "execbox-runner-harness/refServer.ts"], cwd=execbox, stdout=subprocess.PIPE, text=True, env=environment
     )
-    lines = Lines(process)
-    deadline = time.monotonic() + REFERENCE_START_S
-    while (line := lines.get(max(0.0, deadline - time.monotonic()))) is not None:
-        if "listening" in line:
-            return process
-        if not line:
-            break
-    stop(process)
-    raise RuntimeError("the reference runner did not start")
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    """SIGTERM, then SIGKILL if it lingers (only this process, by its PID)."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return start_server(process, "listening on")
 
 
 def suites(execbox: Path, url: str) -> str:
@@ -160,14 +137,17 @@ def main() -> None:
         try:
             if args.suites:
                 print(f"execbox's contract + penetration suites against this daemon: {suites(execbox, ours.url)}")
-            runners = [("ours", ours.url, ours.process.pid), ("reference", f"ws://127.0.0.1:{port}/", reference.pid)]
+            runners = [
+                ("ours", ours.url, ours.process.pid),
+                ("reference", f"ws://127.0.0.1:{port}/", reference.process.pid),
+            ]
             for index in range(1, args.rounds + 1):
                 print(f"round {index}")
                 for name, url, pid in runners:
                     figures, cpu = bench(execbox, url, args.sections, name, pid)
                     report(name, figures, cpu)
         finally:
-            stop(reference)
+            reference.stop()
     finally:
         ours.stop()
 

@@ -65,7 +65,6 @@ RUNS = [
         ["--duration", "0.3", "--in-flight", "4", "--other-pythonpath", EMPTY, "--pairs", "1"],
         [r"paired: this lower in \d of 1 pairs"],
     ),
-    ("reactor_pass.py", ["--seconds", "0.3", "--rounds", "1"], [r"round 1: waiting on its epoll", r"ratio range"]),
 ]
 
 

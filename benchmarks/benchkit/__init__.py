@@ -1,5 +1,2 @@
-"""The execbox runner benchmark as a package; ``benchmarks/bench.py`` and ``benchmarks/cancel.py`` are its commands.
-
-One concept a module, so a figure can be traced to the code that measures it
-without reading the whole benchmark (``benchmarks/README.md`` has the map).
-"""
+"""What the benchmark scripts share: the two clients, the daemon and other child processes, CPU
+accounting from /proc, the workload's messages (``benchmarks/README.md`` has the map)."""

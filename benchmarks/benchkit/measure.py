@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from .load import Spec, argument
+from .load import ID, Spec, argument
 from .processes import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, Lines, popen_module
 from .procfs import CLK_TCK, machine_busy_ticks, tree_cpu_seconds, wait_pool_settled
 from .stats import percentile
@@ -23,11 +23,6 @@ from .workload import THROUGHPUT_CODE, execute_message
 
 WARM_UP_S: Final = 2.0  # load before measuring, at the highest concurrency: where the worker pool grows
 SAMPLE_S: Final = 0.1  # how often ``sample`` is called during a load
-
-
-def spec(url: str, code: str = THROUGHPUT_CODE, expect: Any = None, **options: Any) -> Spec:
-    """A load of ``code`` on ``url`` (a fresh connection per execution, tool calls answered at once)."""
-    return Spec(url, execute_message("@ID@", code).decode(), expect, **options)
 
 
 def run_load(load: Spec, pid: int | None = None, sample: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -94,7 +89,8 @@ def throughput(
     url: str, pid: int, concurrency: int, duration: float, code: str = THROUGHPUT_CODE, expect: Any = 2
 ) -> dict[str, Any]:
     """``code`` at ``concurrency`` for ``duration`` seconds, a fresh connection per execution."""
-    return run_load(spec(url, code, expect, concurrency=concurrency, duration=duration, limit_s=duration + 10), pid)
+    execute = execute_message(ID, code).decode()
+    return run_load(Spec(url, execute, expect, concurrency, duration, limit_s=duration + 10), pid)
 
 
 def warm_up(url: str, pid: int, concurrency: int) -> None:

@@ -13,7 +13,7 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from importlib.metadata import version
 from typing import TypeVar
 
@@ -33,15 +33,6 @@ def alternated(pairs: int, run: Callable[[str, int], T]) -> dict[str, list[T]]:
     return results
 
 
-def compared(this: Sequence[float | None], other: Sequence[float | None]) -> tuple[int, int, float] | None:
-    """Of the pairs with both figures: in how many "this" was lower, how many, and this / other at
-    the median; None when no pair has both."""
-    ratios = [a / b for a, b in zip(this, other, strict=True) if a and b]
-    if not ratios:
-        return None
-    return sum(ratio < 1 for ratio in ratios), len(ratios), statistics.median(ratios)
-
-
 def summary(results: dict[str, list[float]], *, scale: float = 1.0, digits: int = 0) -> list[str]:
     """Each side's range and median in microseconds (its figures times ``scale``), then the pairs
     compared: the closing lines of a run of one figure per side."""
@@ -49,8 +40,9 @@ def summary(results: dict[str, list[float]], *, scale: float = 1.0, digits: int 
     for side, figures in results.items():
         low, high, middle = (figure * scale for figure in (min(figures), max(figures), statistics.median(figures)))
         lines.append(f"  {side:<6} {low:.{digits}f}-{high:.{digits}f} us, median {middle:.{digits}f}")
-    lower, pairs, ratio = compared(results["this"], results["other"]) or (0, 0, float("nan"))
-    lines.append(f"  paired: this lower in {lower} of {pairs} pairs; this / other at the median {ratio:.3f}")
+    ratios = [a / b for a, b in zip(results["this"], results["other"], strict=True) if a and b]
+    lower, ratio = sum(ratio < 1 for ratio in ratios), statistics.median(ratios) if ratios else float("nan")
+    lines.append(f"  paired: this lower in {lower} of {len(ratios)} pairs; this / other at the median {ratio:.3f}")
     return lines
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's child processes (the daemon, the echo server, load clients): started here, stopped by PID.
+"""The scripts' child processes (the daemon, the floor server, the load client): started here, stopped by PID.
 
 Nothing else is ever signalled: the benchmark may run next to other daemons.
 """
@@ -116,10 +116,9 @@ def start_daemon(
     """``python -m execbox_runner serve`` on a free loopback port with default settings; ``prefix``
     runs it under another command (``taskset -c 0``). Its log lines (a line per execution) go to an
     unnamed temporary file, as a deployment's go to a file or a journal: they are part of what a
-    default daemon spends (the last of them are shown if it fails to start). ``checkout``: run that checkout's daemon
-    instead (``-m`` imports from the working directory first, and the workers inherit it);
-    ``pythonpath``: put this first on its ``PYTHONPATH`` (a QuickJS build made with
-    ``deploy/quickjs/build.py --target``)."""
+    default daemon spends (the last of them are shown if it fails to start). ``checkout``: that
+    checkout's daemon (``-m`` imports from the working directory first, and the workers inherit
+    it); ``pythonpath``: this first on its ``PYTHONPATH`` (a QuickJS build)."""
     argv = [*(prefix or []), sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
     if warm_workers is not None:
         argv += ["--warm-workers", str(warm_workers)]

@@ -68,12 +68,6 @@ def tree_cpu_seconds(root: int) -> tuple[float, float, int]:
     return own / CLK_TCK, (reaped + live) / CLK_TCK, len(descendants)
 
 
-def tree_ticks(root: int) -> dict[int, int]:
-    """The CPU ticks each process of the tree has used itself, by PID, ``root`` first (one scan)."""
-    table = _process_table()
-    return {pid: table[pid][1] for pid in [root, *_descendants(table, root)] if pid in table}
-
-
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs from /proc/stat."""
     with open("/proc/stat") as f:
@@ -106,14 +100,6 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
-def cpu_ticks(pid: int) -> int:
-    """CPU ticks ``pid`` has used itself (user and system); 0 once it has gone."""
-    try:
-        return _proc_times(pid)[1]
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def tree_rss_bytes(root: int) -> int:
     """Resident memory of ``root`` and every live descendant (daemon, zygote, workers)."""
-    return sum(rss_bytes(pid) for pid in tree_ticks(root))
+    return sum(rss_bytes(pid) for pid in [root, *_descendants(_process_table(), root)])

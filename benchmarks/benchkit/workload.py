@@ -31,11 +31,6 @@ def tool_code(n: int) -> str:
     return f"let n = 0; for (let i = 0; i < {n}; i++) {{ const r = await tools.echo({{ i }}); n += r.i; }} n"
 
 
-def tool_sum(n: int) -> int:
-    """The result of ``tool_code(n)``."""
-    return n * (n - 1) // 2
-
-
 def execute_message(
     exec_id: str, code: str, options: dict[str, int] = OPTIONS, manifest: list[dict[str, Any]] = PROVIDERS
 ) -> bytes:
