@@ -123,7 +123,7 @@ def report(label: str, figures: dict[str, Any], cpu: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--execbox", type=Path, required=True, help="a checkout of aallam/execbox (1fa0edc)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sections", default="a,b,c", help="of bench.ts: a, b, c (comma-separated)")

@@ -29,7 +29,7 @@ WORKLOADS = {"1+1": ("1+1", 2), "1 tool": (tool_code(1), 0), "10 tools": (tool_c
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profiles", default="standard,hardened", help="comma-separated, the first is the base")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=200, help="sequential executions per workload, profile and round")

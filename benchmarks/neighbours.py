@@ -102,7 +102,7 @@ def timeout_lateness(url: str, rounds: int, timeout_ms: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spinners", type=int, default=2 * (os.cpu_count() or 1))
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--daemon-arg", action="append", default=[], help="passed to `serve` (repeatable)")

@@ -65,7 +65,7 @@ def measure(url: str, root: int, n: int, delay: float, opening: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--delay", type=float, default=2.0, help="seconds before a tool call is answered")
     parser.add_argument("--opening", type=int, default=256, help="handshakes under way at once")

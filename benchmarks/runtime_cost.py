@@ -78,7 +78,7 @@ def measure(chunks: int, size: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chunks", type=int, default=25)
     parser.add_argument("--size", type=int, default=200)
     build_options(parser, rounds=5)

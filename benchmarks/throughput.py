@@ -129,7 +129,7 @@ def report(results: dict[tuple[str, str, int], list[dict[str, Any]]], args: argp
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tools", action="store_true", help="the tool-call workloads instead of 1+1")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--cpus", nargs="+", help="taskset CPU lists, a side each; the first is the base")

@@ -134,7 +134,7 @@ def measure(args: argparse.Namespace, pythonpath: str | None) -> tuple[float, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=16, help="the worker's runner threads")

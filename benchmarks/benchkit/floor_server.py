@@ -8,7 +8,7 @@ nothing else: no session state machine, no worker, no timers, no logs, no
 metrics. It answers the upgrade, then each ``execute`` with ``started`` and a
 ``done`` (result 2) in two writes, as the daemon does, then the closing
 handshake. The CPU it spends per session is what the daemon cannot go below on
-this stack (``floor.py`` prints both). Run as ``python -m benchkit.floor_server``:
+this stack (``throughput.py --floor`` prints both). Run as ``python -m benchkit.floor_server``:
 it prints its URL and serves until its stdin closes.
 """
 
