@@ -6,7 +6,7 @@ inside this package), or from Python::
     from execbox_runner_conformance import discover, run_all
 
     results = run_all("ws://127.0.0.1:8765/", discover())
-    assert all(result.passed for result in results)
+    assert not any(result.failed for result in results)  # a transcript needing an extension may be skipped
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The ``execbox-conformance`` command: options, selection, and the exit status CI acts on.
 
-Exit status: 0 when every selected transcript passed (and at least one was
-selected), 1 when any failed, 2 when no verdict was possible: a usage error, a
-malformed or missing transcript, nothing selected, or a runner that cannot be
-reached or refuses the handshake. The last kinds are one line on stderr, never
+Exit status: 0 when every selected transcript passed, or was skipped for needing a protocol
+extension the runner does not offer; 1 when any failed; 2 when no verdict was possible: a usage
+error, a malformed or missing transcript, nothing selected, every transcript skipped, or a runner
+that cannot be reached or refuses the handshake. The last kinds are one line on stderr, never
 a traceback, because they are what a user fixes first (URL, token, certificate).
 """
 
@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Replay execbox golden transcripts against a runner and check its answers.",
-        epilog="Exit status: 0 all selected transcripts passed, 1 some failed, "
+        epilog="Exit status: 0 all selected transcripts passed (or were skipped: an extension the runner "
+        "does not offer), 1 some failed, "
         "2 no verdict (usage, transcripts, or the runner cannot be reached). "
         f"Transcript format: {BUILTIN_TRANSCRIPTS / 'README.md'}",
     )
@@ -147,7 +148,9 @@ def _main(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot write --junit-xml {args.junit_xml}: {exc.strerror or exc}") from None
     if args.json:
         print(json.dumps(json_report(results, target.url), indent=2), flush=True)
-    return 0 if all(result.passed for result in results) else 1
+    if results and all(result.skipped for result in results):
+        raise UsageError("no verdict: every selected transcript needs a protocol extension the runner does not offer")
+    return 1 if any(result.failed for result in results) else 0
 
 
 def _print_list(transcripts: Sequence[Transcript], *, as_json: bool) -> None:

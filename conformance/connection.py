@@ -44,6 +44,7 @@ class Connection:
         self._fragments: list[bytes] = []  # the message being received, in pieces
         self._text = True  # and whether it is text
         self._close_timeout = close_timeout
+        self.response: Response | None = None  # the runner's answer to the handshake, once it came
 
     def __enter__(self) -> Connection:
         return self
@@ -190,6 +191,7 @@ def connect(
                 raise protocol.handshake_exc
             if protocol.state is State.CLOSED:
                 raise InvalidMessage("did not receive a valid HTTP response")
+        connection.response = next(event for event in connection._events if isinstance(event, Response))
         connection._events = [event for event in connection._events if not isinstance(event, Response)]
         return connection
     except BaseException:

@@ -25,8 +25,14 @@ _NOT_XML: Final = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010f
 
 
 def summary(results: Sequence[Result]) -> str:
-    passed = sum(result.passed for result in results)
-    return f"{passed} passed, {len(results) - passed} failed"
+    passed, failed, skipped = _counts(results)
+    return f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
+
+
+def _counts(results: Sequence[Result]) -> tuple[int, int, int]:
+    """How many passed, failed and were skipped."""
+    passed, failed = sum(result.passed for result in results), sum(result.failed for result in results)
+    return passed, failed, len(results) - passed - failed
 
 
 def describe(transcript: Transcript) -> dict[str, JSON]:
@@ -36,24 +42,28 @@ def describe(transcript: Transcript) -> dict[str, JSON]:
         "description": transcript.description,
         "file": str(transcript.path),
         "builtin": transcript.builtin,
+        "extensions": list(transcript.extensions),
     }
 
 
 def json_report(results: Sequence[Result], url: str) -> dict[str, JSON]:
-    """The whole run as one JSON document; ``failure`` is ``null`` for a transcript that passed."""
-    passed = sum(result.passed for result in results)
+    """The whole run as one JSON document; ``failure`` is ``null`` for a transcript that passed or was
+    skipped, ``skipped`` the reason it was not run (``null`` for one that ran)."""
+    passed, failed, skipped = _counts(results)
     return {
         "url": url,
-        "ok": bool(results) and passed == len(results),
+        "ok": passed > 0 and failed == 0,
         "passed": passed,
-        "failed": len(results) - passed,
+        "failed": failed,
+        "skipped": skipped,
         "seconds": round(sum(result.seconds for result in results), 6),
         "results": [
             {
                 **describe(result.transcript),
                 "passed": result.passed,
                 "seconds": round(result.seconds, 6),
-                "failure": None if result.passed else {"message": result.difference, "detail": result.detail},
+                "failure": {"message": result.difference, "detail": result.detail} if result.failed else None,
+                "skipped": result.skipped or None,
             }
             for result in results
         ],
@@ -62,12 +72,12 @@ def json_report(results: Sequence[Result], url: str) -> dict[str, JSON]:
 
 def junit_xml(results: Sequence[Result], url: str) -> bytes:
     """A JUnit XML report: one ``testcase`` per transcript, the first difference as the failure message."""
-    failures = sum(not result.passed for result in results)
+    _, failures, skipped = _counts(results)
     totals = {
         "tests": str(len(results)),
         "failures": str(failures),
         "errors": "0",
-        "skipped": "0",
+        "skipped": str(skipped),
         "time": f"{sum(result.seconds for result in results):.3f}",
     }
     root = ET.Element("testsuites", {"name": SUITE, **totals})
@@ -87,7 +97,9 @@ def junit_xml(results: Sequence[Result], url: str) -> bytes:
                 "time": f"{result.seconds:.3f}",
             },
         )
-        if not result.passed:
+        if result.skipped:
+            ET.SubElement(case, "skipped", {"message": _xml_text(result.skipped)})
+        elif not result.passed:
             failure = ET.SubElement(case, "failure", {"message": _xml_text(result.difference), "type": "mismatch"})
             failure.text = _xml_text(result.reason)
     ET.indent(root)

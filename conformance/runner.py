@@ -45,8 +45,17 @@ CONNECT_TIMEOUT: Final = 5.0
 _CLOSE_TIMEOUT: Final = 2.0
 
 
+#: The handshake header in which a host asks for protocol extensions and the runner answers those it
+#: turned on (a runner offering none sends none).
+EXTENSIONS_HEADER: Final = "Execbox-Extensions"
+
+
 class TargetError(Exception):
     """The runner could not be reached, or refused the WebSocket handshake: no transcript could be judged."""
+
+
+class _Unsupported(Exception):
+    """The runner did not turn on an extension the transcript needs."""
 
 
 @dataclass(frozen=True)
@@ -65,13 +74,19 @@ class Target:
 
 @dataclass(frozen=True)
 class Result:
-    """The verdict on one transcript: ``difference`` is the first thing the runner got wrong, on one line."""
+    """The verdict on one transcript: ``difference`` is the first thing the runner got wrong, on one line;
+    ``skipped`` says why a transcript needing a protocol extension the runner does not offer was not run."""
 
     transcript: Transcript
     passed: bool
     difference: str = ""
     detail: str = ""  # the whole expected and actual messages, when a message differed
     seconds: float = 0.0
+    skipped: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return not self.passed and not self.skipped
 
     @property
     def name(self) -> str:
@@ -88,6 +103,8 @@ class Result:
 
     def line(self) -> str:
         """The one line a person reads for this transcript."""
+        if self.skipped:
+            return f"SKIP {self.name}: {self.skipped}"
         text = f"{'PASS' if self.passed else 'FAIL'} {self.name} ({self.seconds * 1000:.0f} ms)"
         return text if self.passed else f"{text}: {self.reason}"
 
@@ -107,6 +124,8 @@ def run_transcript(
         _play(target, transcript, timeout)
     except Mismatch as exc:
         return Result(transcript, False, exc.difference, exc.detail, time.monotonic() - began)
+    except _Unsupported as exc:
+        return Result(transcript, False, seconds=time.monotonic() - began, skipped=str(exc))
     return Result(transcript, True, seconds=time.monotonic() - began)
 
 
@@ -141,15 +160,16 @@ def run_all(
 # ---------------------------------------------------------------------- the connection
 
 
-def _connect(target: Target) -> Connection:
+def _connect(target: Target, extensions: tuple[str, ...] = ()) -> Connection:
     """Open the WebSocket, turning each way this can fail into one clear ``TargetError`` sentence.
-    No extension is offered (plain frames: nothing a minimal runner must negotiate), no ping sent
-    (noise in a scripted session), no proxy used."""
+    No WebSocket extension is offered (plain frames: nothing a minimal runner must negotiate), no
+    ping sent (noise in a scripted session), no proxy used; the protocol ``extensions`` asked for."""
     url = target.url
+    asked = ((EXTENSIONS_HEADER, ", ".join(extensions)),) if extensions else ()
     try:
         return connect(
             url,
-            additional_headers=target.headers,
+            additional_headers=(*target.headers, *asked),
             ssl_context=target.ssl_context,
             open_timeout=target.connect_timeout,
             close_timeout=_CLOSE_TIMEOUT,
@@ -183,8 +203,10 @@ def _connect(target: Target) -> Connection:
 
 
 def _play(target: Target, transcript: Transcript, timeout: float) -> None:
-    ws = _connect(target)
+    ws = _connect(target, transcript.extensions)
     with ws:  # leaving it closes the connection (a no-op if it is already closed)
+        if missing := _not_turned_on(ws, transcript.extensions):
+            raise _Unsupported(f"the runner does not offer the {', '.join(missing)} extension")
         bindings: Bindings = {}
         for index, step in enumerate(transcript.steps, start=1):
             where = f"step {index} (line {step.line}, {step.kind})"
@@ -194,6 +216,13 @@ def _play(target: Target, transcript: Transcript, timeout: float) -> None:
                 raise exc.at(where) from None
             except OSError as exc:
                 raise Mismatch(f"{where}: transport error: {exc!r}") from None
+
+
+def _not_turned_on(ws: Connection, extensions: tuple[str, ...]) -> list[str]:
+    """Those of ``extensions`` the runner's handshake answer does not name."""
+    answered = ws.response.headers.get_all(EXTENSIONS_HEADER) if ws.response is not None else []
+    turned_on = {token.strip().lower() for value in answered for token in value.split(",")}
+    return [name for name in extensions if name.lower() not in turned_on]
 
 
 def _perform(ws: Connection, step: Step, bindings: Bindings, timeout: float) -> None:

@@ -61,6 +61,7 @@ class Transcript:
     steps: tuple[Step, ...]
     path: Path
     builtin: bool = False
+    extensions: tuple[str, ...] = ()  # protocol extensions it needs; skipped on runners without them
 
 
 def loads_strict(text: str | bytes) -> JSON:
@@ -111,11 +112,14 @@ def _parse(path: Path) -> Transcript:
     description = header.get("description", "")
     if not isinstance(description, str):
         raise TranscriptError("the header's description must be a string")
+    extensions = header.get("extensions", [])
+    if not isinstance(extensions, list) or not all(isinstance(e, str) and e for e in extensions):
+        raise TranscriptError("the header's extensions must be a list of extension names")
     steps = tuple(_parse_step(number, value) for number, value in objects[1:])
     if not steps:
         raise TranscriptError("a transcript needs at least one step")
     builtin = path.resolve().parent == BUILTIN_TRANSCRIPTS
-    return Transcript(name=name, description=description, steps=steps, path=path, builtin=builtin)
+    return Transcript(name, description, steps, path, builtin, tuple(extensions))
 
 
 def _parse_step(number: int, value: dict[str, JSON]) -> Step:

@@ -28,6 +28,7 @@ from execbox_runner_conformance import (
     Mismatch,
     Result,
     TargetError,
+    TranscriptError,
     discover,
     harness,
     json_report,
@@ -36,11 +37,12 @@ from execbox_runner_conformance import (
     match,
     run_all,
     run_transcript,
+    summary,
     transcript_paths,
 )
 from execbox_runner_conformance.cli import DEPRECATED_TOKEN_ENV, TOKEN_ENV, URL_ENV
 
-from .daemonkit import running_daemon, stop
+from .daemonkit import running_daemon, scripted_runner, stop
 
 REPO = Path(__file__).resolve().parent.parent
 TRANSCRIPTS = transcript_paths(BUILTIN_TRANSCRIPTS)
@@ -179,6 +181,7 @@ def test_list_prints_the_selected_transcripts_and_connects_to_nothing() -> None:
                 "description": load_transcript(BUILTIN_TRANSCRIPTS / f"{name}.jsonl").description,
                 "file": str(BUILTIN_TRANSCRIPTS / f"{name}.jsonl"),
                 "builtin": True,
+                "extensions": [],
             }
             for name in SPEC
         ]
@@ -520,3 +523,45 @@ def test_match_placeholders() -> None:
             match(expected, actual, dict(bindings))
     match("<not-a-placeholder>", "<not-a-placeholder>", bindings)
     match(1, 1.0, bindings)  # JSON does not tell 1 from 1.0
+
+
+# ---------------------------------------------------------------------- extensions
+
+
+def accepts_and_waits(connection: Any, received: list[Any]) -> None:
+    """A runner that offers no protocol extension: it accepts the handshake and plays nothing."""
+    received.append(connection.request.headers.get("Execbox-Extensions") if connection.request else None)
+    connection.recv(timeout=10)
+
+
+def test_a_transcript_needing_an_extension_is_skipped_on_a_runner_without_it(tmp_path: Path) -> None:
+    extended = discover(select="ext-live-logs")
+    assert extended and all(transcript.extensions == ("live-logs",) for transcript in extended)
+    with scripted_runner(accepts_and_waits) as (url, received):
+        results = run_all(url, extended)
+        completed = conformance(url, "-k", "ext-live-logs", "--junit-xml", str(tmp_path / "report.xml"))
+    assert received[0] == "live-logs"  # asked for at the handshake
+    assert all(result.skipped and not result.passed and not result.failed for result in results)
+    assert results[0].line() == f"SKIP {results[0].name}: the runner does not offer the live-logs extension"
+    assert summary(results) == f"0 passed, 0 failed, {len(results)} skipped"
+    report = json_report(results, url)
+    assert (report["ok"], report["passed"], report["failed"], report["skipped"]) == (False, 0, 0, len(results))
+    assert report["results"][0]["failure"] is None and "live-logs" in report["results"][0]["skipped"]
+    assert report["results"][0]["extensions"] == ["live-logs"]
+    suite = ET.fromstring(junit_xml(results, url)).find("testsuite")
+    assert suite is not None and suite.get("skipped") == str(len(results)) and suite.get("failures") == "0"
+    assert len(suite.findall("testcase/skipped")) == len(results)
+    assert completed.returncode == 2 and "every selected transcript needs a protocol extension" in completed.stderr
+
+
+def test_the_extension_transcripts_pass_on_this_runner(runner_url: str) -> None:
+    completed = conformance(runner_url, "-k", "ext-", "-k", "spec-minimal-success")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "SKIP" not in completed.stdout and "4 passed, 0 failed" in completed.stdout
+
+
+def test_an_extensions_header_must_name_extensions(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"transcript": "bad", "extensions": "live-logs"}\n{"sleep_ms": 1}\n')
+    with pytest.raises(TranscriptError, match="extensions must be a list"):
+        load_transcript(bad)

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -217,3 +218,16 @@ def test_the_runner_answers_what_it_turned_on_on_either_path(daemon: Daemon, spl
     assert offered.startswith("HTTP/1.1 101") and "\r\nExecbox-Extensions: live-logs" in offered
     unknown = handshake(daemon.url, "Execbox-Extensions: something-else", split)
     assert unknown.startswith("HTTP/1.1 101") and "Execbox-Extensions" not in unknown
+
+
+def test_a_recorded_session_names_its_extensions_for_its_replay(tmp_path: Path) -> None:
+    with running_daemon("--record-dir", str(tmp_path)) as recording:
+        with connect(recording.url, additional_headers=LIVE) as connection:
+            run(connection, "console.log('x'); 1")
+        with connect(recording.url) as connection:
+            run(connection, "2")
+        deadline = time.monotonic() + 10
+        while len(list(tmp_path.glob("*.summary.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    headers = [json.loads(path.read_text().splitlines()[0]) for path in sorted(tmp_path.glob("*.jsonl"))]
+    assert sorted(header.get("extensions", []) for header in headers) == [[], ["live-logs"]]

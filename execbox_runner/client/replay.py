@@ -76,7 +76,7 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     print(summary(results))
-    return EXIT_OK if all(result.passed for result in results) else EXIT_FAILURE
+    return EXIT_OK if not any(result.failed for result in results) else EXIT_FAILURE
 
 
 async def _handshake(url: str, token: str | None) -> None:

@@ -240,9 +240,9 @@ class Connection:
             return
         self.tenant = endpoints.tenant(request, self.state)
         self.correlation_id = logs.correlation_id(request.headers)
-        if self._record_dir is not None:
-            self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id, self._spawn)
         turned_on = extensions.negotiate(request.headers.get_all(extensions.HEADER))
+        if self._record_dir is not None:
+            self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id, self._spawn, turned_on)
         self.session.live_logs = extensions.LIVE_LOGS in turned_on
         extra = ((extensions.HEADER, ", ".join(turned_on)),) if turned_on else ()
         if accept is not None:

@@ -6,13 +6,14 @@ import {
   timeoutResult,
 } from "./session.js";
 import { connectWebSocketTransport, type ConnectOptions } from "./transport.js";
-import type {
-  ExecuteResult,
-  ExecutionOptions,
-  Executor,
-  ExecutorRuntimeOptions,
-  HostTransport,
-  ResolvedToolProvider,
+import {
+  LIVE_LOGS_HEADER,
+  type ExecuteResult,
+  type ExecutionOptions,
+  type Executor,
+  type ExecutorRuntimeOptions,
+  type HostTransport,
+  type ResolvedToolProvider,
 } from "./types.js";
 
 /** Options of {@link RunnerExecutor}. */
@@ -30,6 +31,8 @@ export interface RunnerExecutorOptions
   cancelGraceMs?: number;
   /** The host cancels at `timeoutMs` plus this, in case the runner does not (default 100 ms). */
   timeoutBackstopMs?: number;
+  /** `onLog` for every execution that does not pass its own (see `ExecutionOptions.onLog`). */
+  onLog?: (line: string) => void;
 }
 
 interface Active {
@@ -90,10 +93,11 @@ export class RunnerExecutor implements Executor {
     };
     this.#active.add(entry);
     const startedAt = Date.now();
+    const onLog = options.onLog ?? this.#options.onLog;
     try {
       let transport: HostTransport;
       try {
-        transport = await this.#open(controller.signal);
+        transport = await this.#open(controller.signal, onLog !== undefined);
       } catch (error) {
         return controller.signal.aborted
           ? timeoutResult(Date.now() - startedAt)
@@ -106,6 +110,7 @@ export class RunnerExecutor implements Executor {
           providers,
           runtimeOptions,
           signal: controller.signal,
+          ...(onLog === undefined ? {} : { onLog }),
           ...(this.#options.cancelGraceMs === undefined
             ? {}
             : { cancelGraceMs: this.#options.cancelGraceMs }),
@@ -144,10 +149,16 @@ export class RunnerExecutor implements Executor {
     void tracked.then(() => this.#closing.delete(tracked));
   }
 
-  async #open(signal: AbortSignal): Promise<HostTransport> {
+  async #open(signal: AbortSignal, liveLogs: boolean): Promise<HostTransport> {
     const { url, connectTransport } = this.#options;
     if (connectTransport === undefined) {
-      return await connectWebSocketTransport({ ...this.#options, url: url!, signal });
+      const headers = liveLogs ? { ...this.#options.headers, ...LIVE_LOGS_HEADER } : this.#options.headers;
+      return await connectWebSocketTransport({
+        ...this.#options,
+        url: url!,
+        signal,
+        ...(headers === undefined ? {} : { headers }),
+      });
     }
     // A caller's factory cannot be aborted: if the signal wins, close what it gives later.
     const opening = Promise.resolve().then(connectTransport);

@@ -1,4 +1,4 @@
-import { isExecuteErrorCode, type RunnerMessage } from "./types.js";
+import { isExecuteErrorCode, type LogMessage, type RunnerMessage } from "./types.js";
 
 function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
@@ -8,9 +8,10 @@ function isRecord(value: unknown): value is Record<string, unknown> {
  * Checks a decoded runner frame. Returns the message (with `input` always present on
  * a `tool_call`, `undefined` when the runner omitted it, and `result` always present
  * on a successful `done`), a string saying what is wrong with a malformed message of a
- * known type, or `undefined` for a message of an unknown type (to be ignored).
+ * known type, or `undefined` for a message of an unknown type (to be ignored). `log` (the
+ * live-logs extension) is known: a runner sends it only to a host that asked for it.
  */
-export function checkRunnerMessage(value: unknown): RunnerMessage | string | undefined {
+export function checkRunnerMessage(value: unknown): RunnerMessage | LogMessage | string | undefined {
   if (!isRecord(value) || typeof value.type !== "string") {
     return "a runner message must be an object with a string type";
   }
@@ -74,6 +75,13 @@ export function checkRunnerMessage(value: unknown): RunnerMessage | string | und
         logs: logs as string[],
         error: { code: error.code, message: error.message },
       };
+    }
+    case "log": {
+      const lines = value.lines;
+      if (typeof value.id !== "string" || !Array.isArray(lines) || !lines.every((line) => typeof line === "string")) {
+        return "log without a string id and string lines";
+      }
+      return { type: "log", id: value.id, lines: lines as string[] };
     }
     default:
       return undefined;

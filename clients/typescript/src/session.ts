@@ -43,6 +43,11 @@ export interface HostSessionOptions {
   /** The host cancels at `timeoutMs` plus this (100 ms), in case the runner does not. */
   timeoutBackstopMs?: number;
   /**
+   * Called with each log line, once and in order: from the runner's `log` messages (live logs,
+   * when the transport asked for them) and then the `done`'s lines not yet shown.
+   */
+  onLog?: (line: string) => void;
+  /**
    * Dispose the transport when the session ends (default `true`). Set `false` to run
    * several executions one after the other on the same connection; the transport is
    * still terminated when the runner has to be cut off.
@@ -190,6 +195,17 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
   const toolController = new AbortController();
   const startedAt = Date.now();
 
+  const onLog = options.onLog;
+  let shownLines = 0;
+  const show = (lines: string[]): void => {
+    shownLines += lines.length;
+    if (onLog !== undefined) {
+      for (const line of lines) {
+        onLog(line);
+      }
+    }
+  };
+
   return new Promise<ExecuteResult>((resolve) => {
     let finished = false;
     let cancelling = false;
@@ -324,8 +340,14 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
           });
           return;
         }
+        case "log":
+          if (message.id === executionId) {
+            show(message.lines);
+          }
+          return;
         case "done":
           if (message.id === executionId) {
+            show(message.logs.slice(shownLines)); // all of them, from a runner without live logs
             finish(toResult(message));
           }
           return;

@@ -429,7 +429,8 @@ export async function connectWebSocketTransport(
         return;
       }
       for (const handler of [...messageHandlers]) {
-        handler(message);
+        // A `log` reaches hosts that asked for live logs; execbox's own hosts ignore types they do not know.
+        handler(message as RunnerMessage);
       }
     },
     binary() {

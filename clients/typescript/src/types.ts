@@ -50,6 +50,12 @@ export interface ExecutorRuntimeOptions {
 export interface ExecutionOptions extends ExecutorRuntimeOptions {
   /** Aborting it cancels the execution; the result is then a `timeout` failure. */
   signal?: AbortSignal;
+  /**
+   * Called with each line the guest logs, once and in order: as it is written when the runner
+   * offers live logs (execbox-runner does), else all when the execution ends. The result's
+   * `logs` has the same lines.
+   */
+  onLog?: (line: string) => void;
 }
 
 /** Passed to a tool's `execute` with every call. */
@@ -169,6 +175,20 @@ export type DoneMessage =
 
 /** Everything a runner sends. */
 export type RunnerMessage = StartedMessage | ToolCallMessage | DoneMessage;
+
+/**
+ * Runner to host, only for a host that asked for live logs at the handshake
+ * (`Execbox-Extensions: live-logs`): lines the guest logged, while it runs. The lines of an
+ * execution's `log` messages, in order, are exactly its `done.logs`.
+ */
+export interface LogMessage {
+  type: "log";
+  id: string;
+  lines: string[];
+}
+
+/** The handshake header and value that ask a runner for live logs. */
+export const LIVE_LOGS_HEADER = { "Execbox-Extensions": "live-logs" } as const;
 
 /**
  * Why a transport closed before the session finished. (execbox's own type also has

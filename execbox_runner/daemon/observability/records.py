@@ -46,11 +46,17 @@ class Recorder:
     a task that ``spawn`` starts (in the daemon's nursery) whenever there is something to write."""
 
     def __init__(
-        self, directory: Path, peer: str, correlation_id: str, spawn: Callable[[Callable[[], Awaitable[None]]], None]
+        self,
+        directory: Path,
+        peer: str,
+        correlation_id: str,
+        spawn: Callable[[Callable[[], Awaitable[None]]], None],
+        extensions: tuple[str, ...] = (),
     ) -> None:
         self.directory = directory
         self.peer = peer
         self.correlation_id = correlation_id
+        self.extensions = extensions  # the protocol extensions the session turned on, for its replay
         self.started = time.time()
         self.path: Path | None = None  # named by the first step (the first execute's id)
         self.executions: list[dict[str, Any]] = []
@@ -128,6 +134,7 @@ class Recorder:
                 "transcript": name,
                 "description": f"recorded session from {self.peer} at {stamp}",
                 "correlation_id": self.correlation_id,
+                **({"extensions": list(self.extensions)} if self.extensions else {}),
             }
             self._pending.append(json.dumps(header))
         self._steps += 1

@@ -1,0 +1,94 @@
+// Live logs from the host's side: `onLog` sees each line as the guest writes it on
+// execbox-runner, and every line once, at the end, on a runner without live logs.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { defineProvider, RunnerExecutor } from "../dist/index.js";
+import { startDaemon } from "./helpers/daemon.mjs";
+import { startFakeRunner } from "./helpers/fake-runner.mjs";
+
+let daemon;
+
+before(async () => {
+  daemon = await startDaemon();
+});
+
+after(async () => {
+  await daemon?.stop();
+});
+
+describe("onLog", () => {
+  test("each line arrives while the guest runs, before the tool call that follows it", async () => {
+    const seen = [];
+    const ui = defineProvider({ name: "ui", tools: { shown: () => [...seen] } });
+    const executor = new RunnerExecutor({ url: daemon.url });
+    try {
+      const result = await executor.execute(
+        "console.log('one'); console.log('two'); const shown = await ui.shown(); console.log('three'); shown",
+        [ui],
+        { onLog: (line) => seen.push(line) },
+      );
+      assert.equal(result.ok, true);
+      assert.deepEqual(result.result, ["one", "two"]);
+      assert.deepEqual(seen, ["one", "two", "three"]);
+      assert.deepEqual(result.logs, seen);
+    } finally {
+      await executor.dispose();
+    }
+  });
+
+  test("the executor's onLog serves executions without their own, and a spinning guest's line comes before its timeout", async () => {
+    const seen = [];
+    const executor = new RunnerExecutor({ url: daemon.url, onLog: (line) => seen.push([line, Date.now()]) });
+    try {
+      const startedAt = Date.now();
+      const result = await executor.execute("console.log('spinning'); while (true) {}", [], { timeoutMs: 1_500 });
+      assert.equal(result.error.code, "timeout");
+      assert.deepEqual(result.logs, ["spinning"]);
+      assert.equal(seen.length, 1);
+      assert.ok(seen[0][1] - startedAt < 1_000, `the line came ${seen[0][1] - startedAt} ms in`);
+    } finally {
+      await executor.dispose();
+    }
+  });
+
+  test("a runner without live logs: every line once, from the done; the header was asked", async () => {
+    const runner = await startFakeRunner({
+      onMessage: (message, socket) => {
+        if (message.type === "execute") {
+          socket.send(JSON.stringify({ type: "started", id: message.id }));
+          socket.send(JSON.stringify({ type: "done", id: message.id, ok: true, durationMs: 1, logs: ["a", "b"], result: 1 }));
+        }
+      },
+    });
+    const seen = [];
+    const executor = new RunnerExecutor({ url: runner.url });
+    try {
+      const result = await executor.execute("whatever", [], { onLog: (line) => seen.push(line) });
+      assert.deepEqual(seen, ["a", "b"]);
+      assert.deepEqual(result.logs, ["a", "b"]);
+      assert.equal(runner.connections[0].headers["execbox-extensions"], "live-logs");
+    } finally {
+      await executor.dispose();
+      await runner.stop();
+    }
+  });
+
+  test("without onLog the handshake asks for nothing", async () => {
+    const runner = await startFakeRunner({
+      onMessage: (message, socket) => {
+        if (message.type === "execute") {
+          socket.send(JSON.stringify({ type: "done", id: message.id, ok: true, durationMs: 1, logs: [], result: 1 }));
+        }
+      },
+    });
+    const executor = new RunnerExecutor({ url: runner.url });
+    try {
+      await executor.execute("1", []);
+      assert.equal(runner.connections[0].headers["execbox-extensions"], undefined);
+    } finally {
+      await executor.dispose();
+      await runner.stop();
+    }
+  });
+});
