@@ -341,6 +341,26 @@ def test_the_time_limit_reads_the_clock_only_once_the_engine_checks_it() -> None
     assert context.eval("let n = 0; for (let i = 0; i < 1e6; i++) n += i; n") == 499999500000
 
 
+@pytest.mark.skipif(not native.NATIVE_BUDGET, reason="the tuned build's binding")
+def test_the_binding_sets_and_reads_the_budget_checked_in_c() -> None:
+    """The build's ``Context`` sets the budget in place of QuickJS's own limit and reads what it
+    counts (``deploy/quickjs/patches/0006``), which ``MemoryLimit`` uses in place of ctypes."""
+    assert native.budget_in_c()
+    context = quickjs.Context()
+    held, refusals = context.memory_budget()
+    assert (held, refusals) == (context.memory()["malloc_size"], 0)
+    context.set_memory_limit(1 << 20)
+    context.set_memory_budget(held + (256 << 10))  # QuickJS's own limit off, this one on
+    with pytest.raises(quickjs.JSException, match="out of memory"):
+        context.eval('"x".repeat(1 << 21).length')
+    assert context.memory_budget()[1] == 1
+    context.set_memory_budget(0)  # none
+    assert context.eval('globalThis.kept = "x".repeat(1 << 21); kept.length') == 1 << 21
+    assert context.memory_budget()[0] == context.memory()["malloc_size"] > 1 << 21
+    with pytest.raises(ValueError, match="negative"):
+        context.set_memory_budget(-1)
+
+
 def test_a_runtime_holding_a_python_callable_still_releases_it() -> None:
     """A Python callable in a runtime is released by its finalizer: such a runtime is never
     discarded whole, which would skip it."""

@@ -3,7 +3,7 @@
 This downloads the pinned quickjs-ng sdist from PyPI, checks its sha256, applies the patches named
 in ``patches/series`` (each says in its header what it changes and why: smaller arenas, memory
 budgets checked in C, the time limit's clock read lazily, runtimes discarded whole, accessors made
-on first use), and builds it profile-guided: GCC instruments a first build, ``training.py`` runs
+on first use, the budgets set and read through the binding), and builds it profile-guided: GCC instruments a first build, ``training.py`` runs
 the runner's own workload on it, and the second build is laid out and inlined by those counts,
 optimized at link time (a trivial execution's runtime costs ~20% less; two such builds are not
 identical byte for byte, ``--no-pgo`` ones are). The version installed carries a local label

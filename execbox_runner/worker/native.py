@@ -21,21 +21,23 @@ JavaScript, and all four matter here:
   out-of-memory: QuickJS's own failure values (an error object, ``null``, or
   no value at all when even that cannot be allocated) are all values guest
   code can make or hold. A build of ``deploy/quickjs/build.py`` makes the same
-  check in C (``NATIVE_BUDGET``), where the arena allocator calls the hooks, and
-  then no hook is installed: each hook is a ctypes callback that takes the GIL
+  check in C (``NATIVE_BUDGET``), where the arena allocator calls the hooks, set
+  and read through its binding (``Context.set_memory_budget``, ``.memory_budget``),
+  and then no hook is installed: each hook is a ctypes callback that takes the GIL
   back while the guest runs, on every allocation of every execution.
 * ``share`` gives a context an ArrayBuffer over memory the worker owns
   (``JS_NewArrayBuffer`` without a function to free it), where the bootstrap
   writes log lines for the worker to read while the guest runs (``logring``).
 
-All of them depend on the binding's private ``ContextData`` layout, verified once per
-process: the exported ``JS_GetRuntime`` must map the stored context pointer to
-the stored runtime pointer, an engine call must copy the stored time limit
-into the interrupt data, and the runtime's ``JSMallocState`` must say what
-``JS_ComputeMemoryUsage`` says. Where that fails, ``SUPPORTED`` is false:
-``poke`` does nothing (the daemon then kills a worker that does not stop in
-time), the worker evaluates the bootstrap source instead, and ``MemoryLimit``
-falls back to QuickJS's own limit, which counts nothing. ``SHARES`` also says
+All of them but the budget in C depend on the binding's private ``ContextData``
+layout, verified once per process: the exported ``JS_GetRuntime`` must map the
+stored context pointer to the stored runtime pointer, an engine call must copy
+the stored time limit into the interrupt data, and the runtime's
+``JSMallocState`` must say what ``JS_ComputeMemoryUsage`` says. Where that
+fails, ``SUPPORTED`` is false: ``poke`` does nothing (the daemon then kills a
+worker that does not stop in time), the worker evaluates the bootstrap source
+instead, and ``MemoryLimit`` falls back to the budget in C where the build has
+it, else to QuickJS's own limit, which counts nothing. ``SHARES`` also says
 that an ArrayBuffer made by ``share`` reads and writes that memory; where it
 does not, the bootstrap keeps log lines until the worker polls them, as a step ends.
 """
@@ -79,11 +81,13 @@ class _JSValue(ctypes.Structure):
 
 # Whether the QuickJS build checks a runtime's memory budget itself (``MemoryLimit``).
 NATIVE_BUDGET: Final[bool] = getattr(quickjs, "NATIVE_BUDGET", False)
+# Whether its binding sets and reads that budget (deploy/quickjs/patches/0006); a build without
+# them has its budgets checked in the hooks.
+_BUDGET_CALLS: Final = NATIVE_BUDGET and hasattr(quickjs.Context, "memory_budget")
 
 
 class _Allocator(ctypes.Structure):
-    """The head of QuickJS's JSRuntime: JSMallocFunctions, then JSMallocState (with the budget's
-    limit and refusals where the build has them)."""
+    """The head of QuickJS's JSRuntime: JSMallocFunctions, then JSMallocState."""
 
     _fields_ = [
         ("calloc", ctypes.c_void_p),
@@ -95,7 +99,6 @@ class _Allocator(ctypes.Structure):
         ("size", ctypes.c_size_t),
         ("limit", ctypes.c_size_t),
         ("opaque", ctypes.c_void_p),
-        *((("budget_limit", ctypes.c_size_t), ("budget_refusals", ctypes.c_size_t)) if NATIVE_BUDGET else ()),
     ]
 
 
@@ -275,31 +278,31 @@ class _Defaults:
 _defaults: Final = _Defaults(quickjs.Context()) if SUPPORTED else None
 
 
-def budgets_memory() -> bool:
-    """Whether ``MemoryLimit`` enforces limits where the arena allocator asks for memory, counting
-    refusals, in C or in the allocator hooks (else QuickJS's own limit applies)."""
-    return _defaults is not None
-
-
 def _budget_holds() -> bool:
-    """The build's budget fields are where ``_Allocator`` reads them: a fresh runtime has no budget,
-    and one given a budget refuses a request past it and counts the refusal."""
+    """The binding's budget works: a fresh runtime has refused nothing, and one given a budget
+    refuses a request past it and counts the refusal."""
     context = quickjs.Context()
-    allocator = _allocator(context)
-    if allocator.budget_limit or allocator.budget_refusals:
+    held, refusals = context.memory_budget()
+    if refusals:
         return False
-    allocator.budget_limit = allocator.size + (256 << 10)
+    context.set_memory_budget(held + (256 << 10))
     try:
         context.eval('"x".repeat(1 << 21).length')
     except quickjs.JSException:
         pass
-    refused = int(allocator.budget_refusals)
-    allocator.budget_limit = 0
-    return refused == 1
+    return bool(context.memory_budget()[1] == 1)
 
 
-# The budget is checked in C where the build can and its fields are where they are expected.
-_native_budget: Final = NATIVE_BUDGET and _defaults is not None and _budget_holds()
+# The budget is checked in C where the build can, set and read through its binding.
+_native_budget: Final = _BUDGET_CALLS and _budget_holds()
+
+
+def budgets_memory() -> bool:
+    """Whether ``MemoryLimit`` enforces limits where the arena allocator asks for memory, counting
+    refusals, in C or in the allocator hooks (else QuickJS's own limit applies)."""
+    return _native_budget or _defaults is not None
+
+
 # Whether ``share`` works (see the module docstring).
 SHARES: Final = SUPPORTED and _shares()
 
@@ -335,8 +338,7 @@ _RESERVE_BYTES: Final = 64 << 10
 
 
 class _Budget:
-    """What a runtime's hooks need: its allocator state (None once released), its limit, its refusals
-    (with the budget in C: the refusals counted there, once released)."""
+    """What a runtime's hooks need: its allocator state (None once released), its limit, its refusals."""
 
     __slots__ = ("allocator", "limit", "refusals")
 
@@ -353,6 +355,17 @@ class _Budget:
             return False
         self.refusals += 1
         return True
+
+
+class _NativeBudget:
+    """A runtime whose budget is checked in C: its context (None once released), and the refusals
+    counted there once released."""
+
+    __slots__ = ("context", "refusals")
+
+    def __init__(self, context: quickjs.Context) -> None:
+        self.context: quickjs.Context | None = context
+        self.refusals = 0
 
 
 # Budgets of live MemoryLimits, by the key their runtime's hooks receive as opaque pointer.
@@ -379,17 +392,19 @@ class MemoryLimit:
 
     def __init__(self, context: quickjs.Context, limit: int) -> None:
         self._key = 0
+        self._budget: _Budget | _NativeBudget | None = None
+        if _native_budget:
+            self.counts = True
+            self._budget = _NativeBudget(context)
+            context.set_memory_budget(max(limit, 1))  # in place of QuickJS's own limit; 0 would be none
+            return
         allocator = _allocator(context) if _defaults is not None else None
         self.counts = allocator is not None and _pointers(allocator) == _defaults.pointers  # type: ignore[union-attr]
         if allocator is None or not self.counts:
-            self._budget: _Budget | None = None
             context.set_memory_limit(limit)
             return
         self._budget = _Budget(allocator, limit)
-        allocator.limit = 0  # QuickJS's own check off: the budget is checked in C or in the hooks
-        if _native_budget:
-            allocator.budget_limit = max(limit, 1)  # 0 would be no budget at all
-            return
+        allocator.limit = 0  # QuickJS's own check off: the budget is checked in the hooks
         self._key = next(_keys)
         _budgets[self._key] = self._budget
         allocator.opaque = self._key
@@ -403,35 +418,40 @@ class MemoryLimit:
     def release(self) -> int:
         """The runtime is about to be freed: stop enforcing and reading. The bytes it held."""
         _budgets.pop(self._key, None)
-        if self._budget is None:
+        budget = self._budget
+        if budget is None:
             return 0
         with _release_lock:
-            allocator, self._budget.allocator = self._budget.allocator, None
-            if allocator is None:
-                return 0
-            if _native_budget:
-                self._budget.refusals = int(allocator.budget_refusals)
-            return int(allocator.size)
+            if isinstance(budget, _NativeBudget):
+                if budget.context is None:
+                    return 0
+                held, budget.refusals = budget.context.memory_budget()
+                budget.context = None
+                return int(held)
+            allocator, budget.allocator = budget.allocator, None
+            return 0 if allocator is None else int(allocator.size)
 
     @property
     def refusals(self) -> int:
         """Allocations refused for this runtime so far."""
         budget = self._budget
-        if budget is None:
-            return 0
-        allocator = budget.allocator  # read by the thread that runs the guest, which also releases it
-        return int(allocator.budget_refusals) if _native_budget and allocator is not None else budget.refusals
+        if isinstance(budget, _NativeBudget):
+            context = budget.context  # read by the thread that runs the guest, which also releases it
+            return budget.refusals if context is None else context.memory_budget()[1]
+        return 0 if budget is None else budget.refusals
 
     @property
     def used(self) -> int:
         """Bytes the runtime holds from its allocator now (0 where the hooks are not in place, or once released).
 
         Safe from any thread: ``release`` waits for a reading in progress."""
-        if self._budget is None:
+        budget = self._budget
+        if budget is None:
             return 0
         with _release_lock:
-            allocator = self._budget.allocator
-            return 0 if allocator is None else int(allocator.size)
+            if isinstance(budget, _NativeBudget):
+                return 0 if budget.context is None else budget.context.memory_budget()[0]
+            return 0 if budget.allocator is None else int(budget.allocator.size)
 
 
 def _calloc_hook(key: int | None, count: int, size: int) -> int | None:
