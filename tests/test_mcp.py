@@ -27,7 +27,7 @@ from mcp import Client, StdioServerParameters
 from execbox_runner.client import Providers, Runner
 from execbox_runner.mcp.codemode import Bounds, CodeMode
 from execbox_runner.mcp.config import UpstreamServer
-from execbox_runner.mcp.provider import mcp_tools
+from execbox_runner.mcp.provider import mcp_tools, result_json
 from execbox_runner.mcp.upstream import connect_upstreams
 
 from .daemonkit import Daemon, children_of, process_state, running_daemon
@@ -343,3 +343,87 @@ def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config), "--max-tool-calls", "0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "argument --max-tool-calls: must be an integer > 0" in done.stderr
+
+
+WATCHED = '''
+import json
+from mcp.server.mcpserver import Context
+
+@server.tool(structured_output=False)
+def listing() -> str:
+    """Files as JSON text, as most servers return them."""
+    return json.dumps({"files": ["a.txt", "b.txt"]})
+
+@server.tool(structured_output=False)
+def greeting() -> str:
+    """Text that is not JSON."""
+    return "[hello]"
+
+@server.tool()
+async def steps(context: Context) -> str:
+    """Reports its progress twice."""
+    await context.report_progress(1, 2, "half way")
+    await context.report_progress(2, 2)
+    return "ok"
+
+'''
+WATCH_CODE = """
+console.log("start");
+const files = await up.listing();
+const greeting = await up.greeting();
+await up.steps();
+console.log("files are", typeof files);
+({files, greeting})
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["json text parsed", "--keep-json-text"])
+def test_execute_code_streams_its_progress_and_parses_json_text(daemon: Daemon, tmp_path: Path, keep: bool) -> None:
+    script = tmp_path / "watched.py"
+    script.write_text(UPSTREAM.replace("if len(sys.argv) > 1:", WATCHED + "if len(sys.argv) > 1:"))
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"up": {"command": sys.executable, "args": [str(script)]}}}))
+    argv = command(config, daemon, *(["--keep-json-text"] if keep else []))
+    seen: list[tuple[float, str | None]] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append((done, message))
+
+    async def main() -> mcp_types.CallToolResult:
+        async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
+            return await client.call_tool("execute_code", {"code": WATCH_CODE}, progress_callback=progress)
+
+    result = run(main)
+    body = json.loads(result.content[0].text)
+    assert body["ok"], body
+    files = '{"files": ["a.txt", "b.txt"]}' if keep else {"files": ["a.txt", "b.txt"]}
+    assert body["result"]["files"] == files and body["result"]["greeting"] == "[hello]"
+    messages = [message for _, message in seen]
+    assert messages[:6] == [
+        "start",
+        "calling up.listing",
+        "calling up.greeting",
+        "calling up.steps",
+        "steps: half way",
+        "steps: 2/2",
+    ]
+    assert messages[6:] == [f"files are {'string' if keep else 'object'}"]
+    assert [done for done, _ in seen] == list(range(1, len(seen) + 1))  # progress only grows
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ('{"a": [1, 2]}', {"a": [1, 2]}),
+        (' [1, "two"] ', [1, "two"]),
+        ("42", "42"),  # a number is as likely words as data: left as text
+        ('"quoted"', '"quoted"'),
+        ("{not json", "{not json"),
+        ('{"a": NaN}', '{"a": NaN}'),  # Python's parser takes NaN; JSON has none
+        ('{"a": 1} {"b": 2}', '{"a": 1} {"b": 2}'),  # two documents
+    ],
+)
+def test_text_results_are_parsed_only_when_one_json_object_or_array(text: str, value: Any) -> None:
+    result = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)])
+    assert result_json("t", result) == value
+    assert result_json("t", result, parse_json_text=False) == text

@@ -121,6 +121,13 @@ examples:
         metavar="SECONDS",
         help="seconds each wrapped server has to start and list its tools (default: %(default)g)",
     )
+    serving.add_argument(
+        "--keep-json-text",
+        dest="parse_json_text",
+        action="store_false",
+        help="give the guest a wrapped tool's text result as a string even when it is one JSON object or array"
+        " (by default such text is parsed)",
+    )
     limits = parser.add_argument_group("Limits of each execute_code call")
     limits.add_argument(
         "--timeout-ms", type=milliseconds, default=10_000, metavar="MS", help="time budget (default: %(default)g)"
@@ -184,6 +191,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         port=args.port,
         startup_timeout=args.startup_timeout,
         access=access,
+        parse_json_text=args.parse_json_text,
     )
     # SIGTERM unwinds like Ctrl-C, so leaving `serve` stops the local runner and the stdio servers
     # (uvicorn hands the signal back once it has shut down).

@@ -5,20 +5,39 @@ it needs, then ``execute_code`` once with JavaScript that awaits them as
 ``namespace.tool(input)``; only the program's result (and logs) come back.
 Every execution is bounded: time and memory by the runner, the number of tool
 calls and the size of what is returned here.
+
+While it runs, ``report`` (an MCP request's progress) gets a message for each line the guest logs,
+each tool it calls and each progress notification of a wrapped tool, so an MCP client can show the
+program at work.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import mcp_types
 
-from ..client import Providers, Runner, RunnerError, Tool, ToolError, safe_name
+from ..client import (
+    DoneEvent,
+    ExecuteResult,
+    LogEvent,
+    Providers,
+    Runner,
+    RunnerError,
+    Tool,
+    ToolCallEvent,
+    ToolError,
+    safe_name,
+)
 from ..client.typescript import declare_function, declare_namespace
+from .provider import upstream_progress
+
+#: An MCP request's progress: (how far, of how much, message), as ``Context.report_progress`` takes it.
+Report: TypeAlias = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -88,29 +107,54 @@ class CodeMode:
         body = "\n\n".join(declare_namespace(name, members) for name, members in by_namespace.items())
         return _truncate(f"{header}\n{body}", self._bounds.max_result_chars)
 
-    async def execute_code(self, code: str) -> mcp_types.CallToolResult:
-        """Run ``code`` against the tools; the result's JSON holds ``ok``, ``result``, ``error`` and ``logs``."""
-        bounds = self._bounds
+    async def execute_code(self, code: str, report: Report | None = None) -> mcp_types.CallToolResult:
+        """Run ``code`` against the tools; the result's JSON holds ``ok``, ``result``, ``error`` and ``logs``.
+        ``report`` gets the program's progress as it runs (see the module docstring)."""
+        steps = 0
+
+        async def say(message: str) -> None:
+            nonlocal steps
+            steps += 1
+            if report is not None:
+                await report(steps, None, message)
+
+        reset = upstream_progress.set(say if report is not None else None)
         try:
-            result = await self._runner.execute(
-                code,
-                Providers(_counted(self._namespaces, bounds.max_tool_calls)),
-                timeout_ms=bounds.timeout_ms,
-                memory_limit_bytes=bounds.memory_limit_bytes,
-                max_log_lines=bounds.max_log_lines,
-                max_log_chars=bounds.max_result_chars,
-            )
+            result = await self._run(code, say)
         except RunnerError as exc:
             body: dict[str, Any] = {"ok": False, "error": {"code": "runner_unavailable", "message": str(exc)}}
         else:
             error = None if result.error is None else {"code": result.error.code, "message": result.error.message}
             body = {"ok": result.ok, "result": result.result, "error": error, "logs": result.logs}
+        finally:
+            upstream_progress.reset(reset)
         text = json.dumps(body, ensure_ascii=False)
-        shown = _truncate(text, bounds.max_result_chars)
+        shown = _truncate(text, self._bounds.max_result_chars)
         content: list[mcp_types.ContentBlock] = [mcp_types.TextContent(type="text", text=shown)]
         return mcp_types.CallToolResult(
             content=content, structured_content=body if shown == text else None, is_error=not body["ok"]
         )
+
+    async def _run(self, code: str, say: Callable[[str], Awaitable[None]]) -> ExecuteResult:
+        """One execution within the bounds, each log line and tool call told to ``say`` as it happens."""
+        bounds = self._bounds
+        providers = Providers(_counted(self._namespaces, bounds.max_tool_calls))
+        async with self._runner.events(
+            code,
+            providers,
+            timeout_ms=bounds.timeout_ms,
+            memory_limit_bytes=bounds.memory_limit_bytes,
+            max_log_lines=bounds.max_log_lines,
+            max_log_chars=bounds.max_result_chars,
+        ) as events:
+            async for event in events:
+                if isinstance(event, LogEvent):
+                    await say(event.line)
+                elif isinstance(event, ToolCallEvent):
+                    await say(f"calling {event.provider}.{event.tool}")
+                elif isinstance(event, DoneEvent):
+                    return event.result
+        raise AssertionError("the events of an execution end with its DoneEvent")  # pragma: no cover
 
 
 def _counted(namespaces: Mapping[str, Mapping[str, Tool]], limit: int) -> dict[str, dict[str, Tool]]:

@@ -3,11 +3,19 @@
 Each MCP tool becomes a client ``Tool`` with the server's own JSON Schemas, so
 the client checks the guest's input before any call reaches the server and
 renders the schemas into the ``types`` a model reads. Results come back as
-JSON: the structured content when the server gave one, else the text.
+JSON: the structured content when the server gave one, else the text, parsed when it is one JSON
+object or array (most servers return JSON that way), unless ``parse_json_text`` is off.
+
+A call's progress notifications go to ``upstream_progress``, which code mode sets for the length
+of one ``execute_code``, so an MCP client sees a wrapped tool's progress as that call's.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 import mcp_types
@@ -15,6 +23,9 @@ from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from ..client import Tool, ToolError
+
+#: Where a wrapped tool's progress messages go while an execution runs (None: nowhere).
+upstream_progress: ContextVar[Callable[[str], Awaitable[None]] | None] = ContextVar("upstream_progress", default=None)
 
 
 async def list_mcp_tools(session: ClientSession) -> list[mcp_types.Tool]:
@@ -29,33 +40,52 @@ async def list_mcp_tools(session: ClientSession) -> list[mcp_types.Tool]:
             return tools
 
 
-async def mcp_tools(session: ClientSession, *, call_timeout: float | None = None) -> dict[str, Tool]:
+async def mcp_tools(
+    session: ClientSession, *, call_timeout: float | None = None, parse_json_text: bool = True
+) -> dict[str, Tool]:
     """``{"tool name": Tool}`` for one namespace of a ``Providers`` mapping.
 
     ``Providers({"github": await mcp_tools(session)})`` gives the guest
     ``await github.search_issues({...})``; names are sanitized to ``safeName``s
     there, as for any tool. ``call_timeout`` (seconds) bounds each call;
-    ``None`` leaves the session's own read timeout.
+    ``None`` leaves the session's own read timeout. ``parse_json_text``: see ``result_json``.
     """
-    return {tool.name: as_tool(session, tool, call_timeout) for tool in await list_mcp_tools(session)}
+    tools = await list_mcp_tools(session)
+    return {tool.name: as_tool(session, tool, call_timeout, parse_json_text) for tool in tools}
 
 
-def as_tool(session: ClientSession, tool: mcp_types.Tool, call_timeout: float | None = None) -> Tool:
+def as_tool(
+    session: ClientSession, tool: mcp_types.Tool, call_timeout: float | None = None, parse_json_text: bool = True
+) -> Tool:
     """One MCP tool as a client ``Tool`` that calls it over ``session``."""
 
     async def call(arguments: Any) -> Any:
+        report = upstream_progress.get()
+        progress = None if report is None else partial(_progress, report, tool.name)
         try:
-            result = await session.call_tool(tool.name, arguments if arguments is not None else {}, call_timeout)
+            result = await session.call_tool(
+                tool.name, arguments if arguments is not None else {}, call_timeout, progress_callback=progress
+            )
         except MCPError as exc:  # a JSON-RPC error: unknown tool, invalid params, a timeout, a lost connection
             raise ToolError("tool_error", exc.message) from None
-        return result_json(tool.name, result)
+        return result_json(tool.name, result, parse_json_text=parse_json_text)
 
     return Tool(
         call,
-        description=tool.description or tool.title,
+        description=_described(tool, parse_json_text),
         input_schema=_null_when_optional(tool.input_schema),
         output_schema=tool.output_schema,
     )
+
+
+def _described(tool: mcp_types.Tool, parse_json_text: bool) -> str | None:
+    """The tool's description, saying what a result without an output schema is (the declaration's
+    return type is then ``unknown``)."""
+    description = tool.description or tool.title
+    if tool.output_schema is not None:
+        return description
+    returns = "its text, parsed when it is one JSON object or array" if parse_json_text else "its text, a string"
+    return f"{description}\n\nReturns {returns}." if description else f"Returns {returns}."
 
 
 def _null_when_optional(schema: dict[str, Any]) -> dict[str, Any]:
@@ -66,11 +96,32 @@ def _null_when_optional(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def result_json(name: str, result: mcp_types.CallToolResult) -> Any:
-    """The JSON value of a tool result; ``is_error`` raises ``tool_error`` with the server's message."""
+async def _progress(
+    report: Callable[[str], Awaitable[None]], name: str, progress: float, total: float | None, message: str | None
+) -> None:
+    """A wrapped tool's progress notification, as one line: its message, else how far it is."""
+    done = f"{progress:g}" if total is None else f"{progress:g}/{total:g}"
+    await report(f"{name}: {message or done}")
+
+
+def result_json(name: str, result: mcp_types.CallToolResult, *, parse_json_text: bool = True) -> Any:
+    """The JSON value of a tool result: its structured content, else its text, parsed when it is
+    exactly one JSON object or array and ``parse_json_text`` is on (other text stays a string:
+    ``"42"`` from a server is as likely words as a number). ``is_error`` raises ``tool_error``
+    with the server's message."""
     text = "\n".join(block.text for block in result.content if isinstance(block, mcp_types.TextContent))
     if result.is_error:
         raise ToolError("tool_error", text or f"Tool {name} failed")
     if result.structured_content is not None:
         return result.structured_content
+    if parse_json_text and text.lstrip()[:1] in ("{", "["):
+        try:
+            return json.loads(text, parse_constant=_not_json)
+        except ValueError:
+            pass
     return text
+
+
+def _not_json(constant: str) -> None:
+    """``NaN`` and ``Infinity``, which Python's parser takes and JSON has not: the text stays text."""
+    raise ValueError(f"{constant} is not JSON")

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import mcp_types
 import uvicorn
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
 
@@ -33,8 +34,9 @@ def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode") -> MC
 
     async def execute_code(
         code: Annotated[str, Field(description="JavaScript; the value of the last expression is the result")],
+        context: Context,
     ) -> mcp_types.CallToolResult:
-        return await code_mode.execute_code(code)
+        return await code_mode.execute_code(code, context.report_progress)
 
     def search_tools(
         query: Annotated[str, Field(description="words to look for in tool names and descriptions; empty for all")],
@@ -71,17 +73,22 @@ async def serve(
     port: int = 8000,
     startup_timeout: float = 30.0,
     access: Access | None = None,
+    parse_json_text: bool = True,
 ) -> None:
     """Connect to ``servers``, start ``runner`` (enter it here) and serve code mode until stopped.
     Over HTTP, ``access`` says who may use it (by default: loopback Host names, no browser
-    Origin, no token; see ``access``).
+    Origin, no token; see ``access``). ``parse_json_text``: a wrapped tool's text result that is
+    one JSON object or array reaches the guest parsed (``provider.result_json``).
 
     The runner is stopped first on the way out: a wrapped server that hangs on its way out (the SDK
     gives it seconds) must not keep a private runner alive past an MCP client's kill.
     """
     async with connect_upstreams(servers, startup_timeout=startup_timeout) as sessions, runner:
         call_timeout = bounds.timeout_ms / 1000 + CALL_GRACE_S
-        namespaces = {name: await mcp_tools(session, call_timeout=call_timeout) for name, session in sessions.items()}
+        namespaces = {
+            name: await mcp_tools(session, call_timeout=call_timeout, parse_json_text=parse_json_text)
+            for name, session in sessions.items()
+        }
         server = code_mode_server(CodeMode(runner, namespaces, bounds))
         if transport == "stdio":
             await server.run_stdio_async()
