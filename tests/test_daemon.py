@@ -43,7 +43,7 @@ def test_cancel_answers_at_once_even_when_the_guest_spins(daemon: Daemon) -> Non
         done = receive(ws, timeout=5)
         waited = time.monotonic() - sent
     assert done["error"] == {"code": "timeout", "message": "Execution timed out"}
-    # The precise figure is a benchmark (benchmarks/bench.py); here: it did not wait for the guest.
+    # The precise figure is a benchmark (benchmarks/neighbours.py --spinners 0); here: it did not wait for the guest.
     assert waited < 1.0
 
 

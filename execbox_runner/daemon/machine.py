@@ -63,7 +63,7 @@ def default_processes(cores: int) -> int:
     """Daemon processes for ``cores`` usable cores: one per two. A daemon process spends about as
     much CPU per execution as the workers it feeds, so each needs a core for itself and one for
     its workers; on two cores, two daemon processes serve fewer executions a second than one
-    (``benchmarks/cores.py`` measures it)."""
+    (``benchmarks/throughput.py --cpus 0 0,1`` measures it)."""
     return max(1, cores // 2)
 
 

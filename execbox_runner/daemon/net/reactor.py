@@ -10,8 +10,8 @@ synchronously, as do the timers that fall due. One pass through trio's scheduler
 then serves every socket that became ready together.
 
 A pass through trio's scheduler costs more CPU than waiting on the epoll
-directly (``benchmarks/reactor_pass.py`` measures both), and a busy daemon made
-about one per execution. So after a pass, the reactor waits on its epoll itself, serving
+directly, and a busy daemon made about one per execution (``benchmarks/throughput.py
+--floor --other CHECKOUT`` compares a change to this against a checkout without it). So after a pass, the reactor waits on its epoll itself, serving
 what becomes ready as it does, for as long as sockets keep becoming ready (within
 ``BUSY_WAIT_S`` of each other), for ``PASSES_PER_TURN`` passes at most and at most
 ``TRIO_TURN_S``; then trio has the thread back. Its other tasks (the pool's, the
