@@ -27,6 +27,7 @@ import msgspec
 from msgspec import UNSET
 
 from ..protocol.messages import Cancel, Done, ErrorInfo, Execute, Log, Started, ToolCall, encode
+from . import tracing
 from .errors import RunnerDisconnected, RunnerError, RunnerProtocolError
 from .events import LogEvent, Observer, ToolCallEvent
 from .tools import Providers
@@ -136,7 +137,8 @@ class Execution:
             self._observe(ToolCallEvent(call.providerName, call.safeToolName, value))
 
     async def _answer(self, call: ToolCall) -> None:
-        result = await self._providers.answer(call)
+        with tracing.tool_span(call.providerName, call.safeToolName):
+            result = await self._providers.answer(call)
         try:
             await self._websocket.send_text(encode(result))
         except RunnerDisconnected:

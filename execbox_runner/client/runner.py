@@ -25,6 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..protocol import extensions
 from ..protocol.messages import Execute, RuntimeOptions
+from . import tracing
 from .errors import RunnerError
 from .events import DoneEvent, Event, LogEvent, Observer, ToolCallEvent
 from .execution import ExecuteResult, Execution
@@ -183,14 +184,17 @@ class Runner:
         execute = Execute(
             id=f"exec-{uuid.uuid4().hex}", code=code, options=_options(limits), providers=resolved.manifests
         )
-        websocket = await WebSocket.open(
-            self._url(),
-            token=self.token,
-            ssl_context=self.ssl_context,
-            connect_timeout=self.connect_timeout,
-            headers=LIVE_LOGS if observe is not None else (),
-        )
-        return await Execution(websocket, execute, resolved, observe).run()
+        with tracing.execution_span(execute.id) as trace_headers:
+            websocket = await WebSocket.open(
+                self._url(),
+                token=self.token,
+                ssl_context=self.ssl_context,
+                connect_timeout=self.connect_timeout,
+                headers=(*trace_headers, *(LIVE_LOGS if observe is not None else ())),
+            )
+            result = await Execution(websocket, execute, resolved, observe).run()
+            tracing.finished(result.ok, None if result.error is None else result.error.code)
+            return result
 
     def _url(self) -> str:
         if not self.url:

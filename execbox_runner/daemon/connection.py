@@ -108,6 +108,9 @@ class Connection:
             max_memory_limit_bytes=settings.max_memory_limit_bytes,
         )
         self.tenant = ""  # executions of different tenants never share a worker (set at the handshake)
+        self._traceparent: str | None = None  # the host's trace context, when traces are on
+        self._worker_pid: int | None = None  # the current execution's worker, for its trace
+        self._lost_worker = False  # ... and whether it was lost
         self.lease: Lease | None = None
         self._run: ipc.Run | None = None  # a run waiting for room in the pool
         # The execution's run until its worker answers it: placed once more if that worker is lost first.
@@ -240,6 +243,9 @@ class Connection:
             return
         self.tenant = endpoints.tenant(request, self.state)
         self.correlation_id = logs.correlation_id(request.headers)
+        if self.state.traces is not None:
+            traceparents = request.headers.get_all("traceparent")
+            self._traceparent = traceparents[0] if len(traceparents) == 1 else None
         turned_on = extensions.negotiate(request.headers.get_all(extensions.HEADER))
         if self._record_dir is not None:
             self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id, self._spawn, turned_on)
@@ -362,6 +368,15 @@ class Connection:
         logs.execution_ended(
             record, self.peer, self.correlation_id, record.guest_code if self.settings.log_guest_code else None
         )
+        if self.state.traces is not None:
+            self.state.traces.record(
+                record,
+                traceparent=self._traceparent,
+                tenant=self.tenant,
+                worker_pid=self._worker_pid,
+                worker_lost=self._lost_worker,
+            )
+        self._worker_pid, self._lost_worker = None, False
 
     def _record(self, step: Callable[[Recorder], None]) -> None:
         """With --record-dir: record one step, written to disk in order by the record's writer."""
@@ -418,6 +433,7 @@ class Connection:
         run, self._run = self._run, None
         assert run is not None
         self.lease = lease
+        self._worker_pid = lease.worker.pid
         lease.receiver = self
         lease.send(self._left_of(run))
 
@@ -441,6 +457,7 @@ class Connection:
             return
         run, self._replaceable = self._replaceable, None
         if run is None or lease.answered or self.session.phase is not Phase.RUNNING:
+            self._lost_worker = True
             self._perform(self.session.worker_lost(self._reactor.now(), str(reason)))
             return
         log.info(

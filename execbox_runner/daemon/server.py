@@ -41,7 +41,7 @@ from .connection import Connection
 from .machine import raise_open_files, resident_bytes
 from .net.listeners import Acceptor, Listener, listen
 from .net.reactor import Reactor
-from .observability import logs
+from .observability import logs, tracing
 from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
@@ -226,32 +226,42 @@ class Daemon:
             log.warning(
                 "cannot interrupt running guests with this quickjs build: workers that do not stop in time are killed"
             )
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._run_reactor)  # first: it reads the workers' channels too
-            await nursery.start(self.pool.run)
-            self.state.pool_ready = True
-            listeners = await listen(self.settings.host, self.settings.port, reuse_port=is_shard())
-            # Shards share the metrics port as they share the sessions' one: any of them answers
-            # for all (metrics.py), so the supervisor serves nothing itself.
-            scrapers = (
-                await listen(
-                    self.settings.metrics_host or self.settings.host, self.settings.metrics_port, reuse_port=is_shard()
-                )
-                if self.settings.metrics_port
-                else []
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._serve(nursery, task_status)
+        finally:
+            if self.state.traces is not None:  # the spans not yet sent
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self.state.traces.shutdown)
+
+    async def _serve(self, nursery: trio.Nursery, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        """The daemon's tasks, in ``nursery``: the reactor, the pool, the listeners."""
+        nursery.start_soon(self._run_reactor)  # first: it reads the workers' channels too
+        await nursery.start(self.pool.run)
+        self.state.pool_ready = True
+        self.state.traces = tracing.from_environment()  # after the pool's processes have started
+        listeners = await listen(self.settings.host, self.settings.port, reuse_port=is_shard())
+        # Shards share the metrics port as they share the sessions' one: any of them answers
+        # for all (metrics.py), so the supervisor serves nothing itself.
+        scrapers = (
+            await listen(
+                self.settings.metrics_host or self.settings.host, self.settings.metrics_port, reuse_port=is_shard()
             )
-            host, port = listeners[0].address
-            self._announce(listeners, scrapers)
-            nursery.start_soon(self._sample_memory)
-            nursery.start_soon(self._summarize_refusals)
-            if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
-                nursery.start_soon(self._publish_live_state)
-            task_status.started((host, port))
-            self.acceptors += [
-                Acceptor(self.reactor, listener, self._connector(nursery, scrape=scrape), self._shed)
-                for group, scrape in ((listeners, False), (scrapers, True))
-                for listener in group
-            ]
+            if self.settings.metrics_port
+            else []
+        )
+        host, port = listeners[0].address
+        self._announce(listeners, scrapers)
+        nursery.start_soon(self._sample_memory)
+        nursery.start_soon(self._summarize_refusals)
+        if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
+            nursery.start_soon(self._publish_live_state)
+        task_status.started((host, port))
+        self.acceptors += [
+            Acceptor(self.reactor, listener, self._connector(nursery, scrape=scrape), self._shed)
+            for group, scrape in ((listeners, False), (scrapers, True))
+            for listener in group
+        ]
 
     def _announce(self, listeners: list[Listener], scrapers: list[Listener]) -> None:
         """The start-up line: where this daemon process serves, within which limits and with

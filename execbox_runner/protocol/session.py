@@ -98,6 +98,10 @@ class ExecutionEnded:
     tool_latencies_s: tuple[float, ...]
     guest_code: str  # for operators who log it; "" for a refused execute
     unknown_tool_codes: tuple[str, ...] = ()  # tool_result error codes outside the stable set, as sent
+    # For traces: each tool call's (callId, "provider.tool", seconds from the execute to its tool_call,
+    # seconds it took or None if never answered), and the seconds from the execute to a cancel.
+    tool_call_times: tuple[tuple[str, str, float, float | None], ...] = ()
+    cancelled_after_s: float | None = None
 
 
 Action: TypeAlias = SendToHost | StartRun | SendToWorker | ReleaseWorker | CloseTransport | ExecutionEnded
@@ -122,7 +126,9 @@ class _Execution:
     log_chars_left: int  # UTF-16 code units, as JavaScript counts them
     pending: dict[str, tuple[int, float]]  # callId -> (worker call id, when the tool_call went out)
     issued: set[int]  # every worker call id seen, to refuse repeats
-    latencies: list[float]  # seconds from tool_call to tool_result, per settled call
+    names: dict[str, str]  # callId -> "provider.tool"
+    calls: list[tuple[str, float, float | None]]  # callId, when its tool_call went out, when answered
+    cancelled_at: float | None  # when the host's cancel came
     unknown_codes: list[str]  # failing tool_results' codes outside the stable set
 
     def add_logs(self, lines: list[str]) -> list[str]:
@@ -191,6 +197,7 @@ class Session:
             return self._execute(message, now)
         if isinstance(message, Cancel):
             if self._exec is not None and self.phase is Phase.RUNNING and message.id == self._exec.id:
+                self._exec.cancelled_at = now
                 return self._abort(now, self.cancel_grace)
             return []  # a cancel for another (or no) execution is ignored
         return self._tool_result(message, now)
@@ -243,7 +250,9 @@ class Session:
             log_chars_left=max_log_chars,
             pending={},
             issued=set(),
-            latencies=[],
+            names={},
+            calls=[],
+            cancelled_at=None,
             unknown_codes=[],
         )
         self.phase = Phase.RUNNING
@@ -267,7 +276,7 @@ class Session:
         if pending is None:
             return []  # unknown or already settled callId: ignored
         call_id, sent_at = pending
-        ex.latencies.append(now - sent_at)
+        ex.calls.append((message.callId, sent_at, now))
         if message.ok:
             value = None if message.result is UNSET else bytes(message.result)
             return [SendToWorker(ipc.Settle(call_id=call_id, ok=True, value=value))]
@@ -326,6 +335,7 @@ class Session:
             ex.issued.add(call_id)
             call = f"call-{call_id}"
             ex.pending[call] = (call_id, now)
+            ex.names[call] = f"{provider}.{tool}"
             actions.append(
                 SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input)))
             )
@@ -381,6 +391,7 @@ class Session:
         """Cancel or timeout: ask the worker to unwind, answer after ``grace`` at most."""
         assert self._exec is not None
         self.phase = Phase.ABORTING
+        self._exec.calls += [(call, sent_at, None) for call, (_, sent_at) in self._exec.pending.items()]
         self._exec.pending.clear()
         self.deadline = now + grace
         return [SendToWorker(ipc.Abort())]
@@ -453,15 +464,21 @@ def _rejected(exec_id: str, code: ErrorCode, message: str) -> list[Action]:
 
 
 def _record(ex: _Execution, now: float, outcome: str, code: ErrorCode | None) -> ExecutionEnded:
+    unanswered = [(call, sent_at, None) for call, (_, sent_at) in ex.pending.items()]
     return ExecutionEnded(
         ex.id,
         outcome,
         code,
         now - ex.started_at,
         len(ex.issued),
-        tuple(ex.latencies),
+        tuple(answered - sent_at for _, sent_at, answered in ex.calls if answered is not None),
         ex.code,
         tuple(ex.unknown_codes),
+        tuple(
+            (call, ex.names[call], sent_at - ex.started_at, None if answered is None else answered - sent_at)
+            for call, sent_at, answered in ex.calls + unanswered
+        ),
+        None if ex.cancelled_at is None else ex.cancelled_at - ex.started_at,
     )
 
 

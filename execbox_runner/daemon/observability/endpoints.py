@@ -31,12 +31,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from .metrics import CONTENT_TYPE, Metrics
+
+if TYPE_CHECKING:
+    from .spans import ExecutionSpans  # imports OpenTelemetry: only where traces are on
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,7 @@ class DaemonState:
     allowed_origins: frozenset[str] = frozenset()  # empty: no Origin (only hosts that send none)
     share_workers: bool = False  # executions of different tokens may share worker processes
     metrics: Metrics | None = None
+    traces: ExecutionSpans | None = None  # with the otel extra and OTEL_* asking for traces
     sessions: int = 0
     draining: bool = False
     pool_ready: bool = False

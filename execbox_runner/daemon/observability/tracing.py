@@ -1,0 +1,47 @@
+"""Whether executions are traced: OpenTelemetry, when the ``otel`` extra is installed and the
+standard ``OTEL_*`` variables ask for traces.
+
+Traces are on when ``OTEL_TRACES_EXPORTER`` (``otlp``, the one exporter made) or an OTLP endpoint
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set, unless
+``OTEL_SDK_DISABLED`` is ``true`` or the exporter is ``none``. Otherwise nothing of OpenTelemetry
+is imported and nothing is spent: this module decides before ``spans`` (which imports the SDK) is
+loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from .spans import ExecutionSpans
+
+log = logging.getLogger(__name__)
+
+ASKING: Final = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+def wanted(environ: Mapping[str, str]) -> bool:
+    """Whether the environment asks for traces."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return any(environ.get(name, "").strip() for name in ASKING)
+
+
+def from_environment(environ: Mapping[str, str] = os.environ) -> ExecutionSpans | None:
+    """The daemon's tracer when the environment asks for traces and the SDK is installed, else None
+    (with a warning when traces were asked for but cannot be made)."""
+    if not wanted(environ):
+        return None
+    try:
+        from .spans import ExecutionSpans  # noqa: PLC0415 - the optional extra, loaded only when asked for
+    except ImportError as exc:
+        log.warning(
+            "OTEL_* asks for traces, but OpenTelemetry is not installed (%s): pip install 'execbox-runner[otel]'", exc
+        )
+        return None
+    return ExecutionSpans(environ)
