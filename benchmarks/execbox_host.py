@@ -45,6 +45,8 @@ def prepare(execbox: Path) -> Path:
     if not (execbox / "node_modules").is_dir():
         for command in (["npm", "ci"], ["npm", "run", "build"]):
             subprocess.run(command, cwd=execbox, check=True, timeout=INSTALL_S)
+    if not (execbox / "node_modules" / "ws").is_dir():  # the harness's WebSocket library; execbox has none
+        subprocess.run(["npm", "install", "--no-save", "ws@8"], cwd=execbox, check=True, timeout=INSTALL_S)
     target = execbox / "execbox-runner-harness"
     target.mkdir(exist_ok=True)
     for source in HARNESS.glob("*.ts"):

@@ -5,6 +5,7 @@ import {
   runHostSession,
   timeoutResult,
 } from "./session.js";
+import { startExecutionTrace } from "./tracing.js";
 import { connectWebSocketTransport, type ConnectOptions } from "./transport.js";
 import {
   LIVE_LOGS_HEADER,
@@ -94,23 +95,29 @@ export class RunnerExecutor implements Executor {
     this.#active.add(entry);
     const startedAt = Date.now();
     const onLog = options.onLog ?? this.#options.onLog;
+    const executionId = globalThis.crypto.randomUUID();
+    const trace = await startExecutionTrace(executionId);
+    let result: ExecuteResult | undefined;
     try {
       let transport: HostTransport;
       try {
-        transport = await this.#open(controller.signal, onLog !== undefined);
+        transport = await this.#open(controller.signal, onLog !== undefined, trace?.headers ?? {});
       } catch (error) {
-        return controller.signal.aborted
+        result = controller.signal.aborted
           ? timeoutResult(Date.now() - startedAt)
           : internalErrorResult(messageOf(error), Date.now() - startedAt);
+        return result;
       }
       try {
-        return await runHostSession({
+        result = await runHostSession({
           transport,
           code,
           providers,
           runtimeOptions,
+          executionId,
           signal: controller.signal,
           ...(onLog === undefined ? {} : { onLog }),
+          ...(trace === undefined ? {} : { onToolStart: (provider, tool) => trace.tool(provider, tool) }),
           ...(this.#options.cancelGraceMs === undefined
             ? {}
             : { cancelGraceMs: this.#options.cancelGraceMs }),
@@ -119,10 +126,12 @@ export class RunnerExecutor implements Executor {
             : { timeoutBackstopMs: this.#options.timeoutBackstopMs }),
           disposeTransport: false,
         });
+        return result;
       } finally {
         this.#track(Promise.resolve().then(() => transport.dispose()));
       }
     } finally {
+      trace?.end(result?.ok ?? false, result === undefined || result.ok ? undefined : result.error.code);
       options.signal?.removeEventListener("abort", onAbort);
       this.#active.delete(entry);
       release();
@@ -149,16 +158,11 @@ export class RunnerExecutor implements Executor {
     void tracked.then(() => this.#closing.delete(tracked));
   }
 
-  async #open(signal: AbortSignal, liveLogs: boolean): Promise<HostTransport> {
+  async #open(signal: AbortSignal, liveLogs: boolean, traceHeaders: Record<string, string>): Promise<HostTransport> {
     const { url, connectTransport } = this.#options;
     if (connectTransport === undefined) {
-      const headers = liveLogs ? { ...this.#options.headers, ...LIVE_LOGS_HEADER } : this.#options.headers;
-      return await connectWebSocketTransport({
-        ...this.#options,
-        url: url!,
-        signal,
-        ...(headers === undefined ? {} : { headers }),
-      });
+      const headers = { ...this.#options.headers, ...traceHeaders, ...(liveLogs ? LIVE_LOGS_HEADER : {}) };
+      return await connectWebSocketTransport({ ...this.#options, url: url!, signal, headers });
     }
     // A caller's factory cannot be aborted: if the signal wins, close what it gives later.
     const opening = Promise.resolve().then(connectTransport);

@@ -47,6 +47,8 @@ export interface HostSessionOptions {
    * when the transport asked for them) and then the `done`'s lines not yet shown.
    */
   onLog?: (line: string) => void;
+  /** Called as each tool starts; what it returns is called as the tool ends (with its error code if it failed). */
+  onToolStart?: (providerName: string, safeToolName: string) => (failed?: string) => void;
   /**
    * Dispose the transport when the session ends (default `true`). Set `false` to run
    * several executions one after the other on the same connection; the transport is
@@ -292,6 +294,17 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
       if (toolController.signal.aborted) {
         return { ok: false, error: { code: "timeout", message: TIMEOUT_MESSAGE } };
       }
+      const ended = options.onToolStart?.(provider.name, tool.safeName);
+      const answer = await runTool(provider, tool, message);
+      ended?.(answer.ok ? undefined : answer.error.code);
+      return answer;
+    };
+
+    const runTool = async (
+      provider: ResolvedToolProvider,
+      tool: ResolvedToolDescriptor,
+      message: ToolCallMessage,
+    ): Promise<{ ok: true; result: unknown } | { ok: false; error: ExecuteError }> => {
       try {
         const result = await tool.execute(message.input, {
           originalToolName: tool.originalName,
