@@ -427,3 +427,64 @@ def test_text_results_are_parsed_only_when_one_json_object_or_array(text: str, v
     result = mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)])
     assert result_json("t", result) == value
     assert result_json("t", result, parse_json_text=False) == text
+
+
+APPROVED = '''
+removed = []
+
+@server.tool(name="remove-file")
+def remove_file(path: str) -> str:
+    """Removes a file (needs the user's approval)."""
+    removed.append(path)
+    return f"removed {path}"
+
+@server.tool()
+def removed_files() -> list[str]:
+    """What was removed."""
+    return removed
+
+'''
+APPROVAL_CODE = """
+const results = [];
+for (const path of ["/tmp/a", "/etc/passwd", "/tmp/b"]) {
+  try { results.push(await up.remove_file({path})); } catch (e) { results.push(e.message); }
+}
+({results, removed: await up.removed_files()})
+"""
+
+
+def test_a_tool_named_in_approve_asks_the_user_through_elicitation(daemon: Daemon, tmp_path: Path) -> None:
+    script = tmp_path / "approved.py"
+    script.write_text(UPSTREAM.replace("if len(sys.argv) > 1:", APPROVED + "if len(sys.argv) > 1:"))
+    config = tmp_path / "servers.json"
+    up = {"command": sys.executable, "args": [str(script)], "approve": ["remove-file"]}
+    config.write_text(json.dumps({"mcpServers": {"up": up}}))
+    argv = command(config, daemon)
+    asked: list[str] = []
+
+    async def user(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        asked.append(params.message)
+        if "/etc/" in params.message:
+            return mcp_types.ElicitResult(action="decline")
+        return mcp_types.ElicitResult(action="accept", content={"approve": "/tmp/a" in params.message})
+
+    async def main(mode: str) -> Any:
+        server = StdioServerParameters(command=argv[0], args=argv[1:])
+        async with Client(server, elicitation_callback=user, mode=mode) as client:
+            result = await client.call_tool("execute_code", {"code": APPROVAL_CODE})
+            return json.loads(result.content[0].text)
+
+    # A client of the initialize handshake (today's MCP clients): the server asks it.
+    body = run(lambda: main("legacy"))
+    assert body["ok"], body
+    assert body["result"]["results"] == [
+        {"result": "removed /tmp/a"},
+        "Tool up.remove-file was not approved: the user declined",
+        "Tool up.remove-file was not approved: the user refused",
+    ]
+    assert body["result"]["removed"] == {"result": ["/tmp/a"]}  # refused calls never reached the server
+    assert len(asked) == 3 and 'up.remove-file({"path": "/tmp/a"})' in asked[0]  # removed_files needs no approval
+    # A client of the stateless protocol has no channel for the question: every such call is refused.
+    body = run(lambda: main("auto"))
+    assert all("could not be asked" in result for result in body["result"]["results"]), body
+    assert body["result"]["removed"] == {"result": []}

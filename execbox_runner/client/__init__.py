@@ -8,6 +8,7 @@ or the worker.
 """
 
 from ..protocol.messages import ErrorInfo
+from .approval import ApprovalRequest
 from .errors import (
     RunnerBusy,
     RunnerDisconnected,
@@ -24,6 +25,7 @@ from .runner import EventStream, Limits, Runner
 from .tools import Providers, Tool, safe_name
 
 __all__ = [
+    "ApprovalRequest",
     "DoneEvent",
     "ErrorInfo",
     "Event",

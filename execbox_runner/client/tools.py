@@ -27,6 +27,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..protocol.messages import ErrorInfo, ProviderManifest, ToolCall, ToolDescriptor, ToolResult
+from .approval import ApprovalRequest, Approver, require_approval
 from .errors import ToolError
 from .typescript import JsonSchema, declare_function, declare_namespace
 
@@ -60,21 +61,25 @@ class Tool:
     ``Tool`` to give a description other than the docstring, or explicit JSON
     Schemas. With ``input_schema`` the callable receives the whole input as
     one argument (``None`` when the guest passed none); an ``output_schema`` is
-    checked against every return value.
+    checked against every return value. With ``approve``, each call runs only once that callback
+    approves it (``approval``).
     """
 
     func: Callable[..., Any]
     description: str | None = None
     input_schema: JsonSchema | None = None
     output_schema: JsonSchema | None = None
+    approve: Approver | None = None
 
 
 class BoundTool:
     """One tool of one provider, ready to answer ``tool_call``s."""
 
-    def __init__(self, provider: str, name: str, tool: Tool) -> None:
+    def __init__(self, provider: str, name: str, tool: Tool, approve: Approver | None = None) -> None:
         self.name = f"{provider}.{name}"
+        self.provider = provider
         self.original_name = name
+        self.approve = tool.approve or approve
         self.func = tool.func
         self.is_async = inspect.iscoroutinefunction(tool.func)
         signature = inspect.signature(tool.func, eval_str=True)
@@ -98,6 +103,9 @@ class BoundTool:
     async def call(self, raw_input: msgspec.Raw | UnsetType) -> msgspec.Raw:
         """Check the input, run the tool, check its result; every failure is a ``ToolError``."""
         args, kwargs = self._arguments(raw_input)
+        if self.approve is not None:
+            value = args[0] if args else kwargs
+            await require_approval(self.approve, ApprovalRequest(self.provider, self.original_name, value))
         try:
             if self.is_async:
                 value = await self.func(*args, **kwargs)
@@ -152,7 +160,8 @@ class Providers:
     model so that it writes code against these tools.
     """
 
-    def __init__(self, providers: ProviderTools) -> None:
+    def __init__(self, providers: ProviderTools, *, approve: Approver | None = None) -> None:
+        """``approve``: the approval every tool without its own ``approve`` needs (``approval``)."""
         self._tools: dict[str, dict[str, BoundTool]] = {}
         self._manifests: list[ProviderManifest] = []
         for provider, tools in providers.items():
@@ -164,7 +173,7 @@ class Providers:
                 suffix = 2
                 while safe in bound:  # two names that sanitize alike, as execbox numbers them
                     safe, suffix = f"{base}__{suffix}", suffix + 1
-                bound[safe] = BoundTool(provider, name, tool if isinstance(tool, Tool) else Tool(tool))
+                bound[safe] = BoundTool(provider, name, tool if isinstance(tool, Tool) else Tool(tool), approve)
             self._tools[provider] = bound
             descriptors = {
                 safe: ToolDescriptor(

@@ -22,6 +22,7 @@ from typing import Any, Final, TypeAlias
 import mcp_types
 
 from ..client import (
+    ApprovalRequest,
     DoneEvent,
     ExecuteResult,
     LogEvent,
@@ -34,10 +35,12 @@ from ..client import (
     safe_name,
 )
 from ..client.typescript import declare_function, declare_namespace
-from .provider import upstream_progress
+from .provider import upstream_progress, user_approval
 
 #: An MCP request's progress: (how far, of how much, message), as ``Context.report_progress`` takes it.
 Report: TypeAlias = Callable[[float, float | None, str | None], Awaitable[None]]
+#: Asks the user to approve a tool call: ``True``, or why not.
+Ask: TypeAlias = Callable[[ApprovalRequest], Awaitable[bool | str]]
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,12 @@ class CodeMode:
         body = "\n\n".join(declare_namespace(name, members) for name, members in by_namespace.items())
         return _truncate(f"{header}\n{body}", self._bounds.max_result_chars)
 
-    async def execute_code(self, code: str, report: Report | None = None) -> mcp_types.CallToolResult:
+    async def execute_code(
+        self, code: str, report: Report | None = None, ask: Ask | None = None
+    ) -> mcp_types.CallToolResult:
         """Run ``code`` against the tools; the result's JSON holds ``ok``, ``result``, ``error`` and ``logs``.
-        ``report`` gets the program's progress as it runs (see the module docstring)."""
+        ``report`` gets the program's progress as it runs (see the module docstring); ``ask`` approves
+        the calls of tools that need it (else they are refused)."""
         steps = 0
 
         async def say(message: str) -> None:
@@ -119,6 +125,7 @@ class CodeMode:
                 await report(steps, None, message)
 
         reset = upstream_progress.set(say if report is not None else None)
+        reset_ask = user_approval.set(ask)
         try:
             result = await self._run(code, say)
         except RunnerError as exc:
@@ -128,6 +135,7 @@ class CodeMode:
             body = {"ok": result.ok, "result": result.result, "error": error, "logs": result.logs}
         finally:
             upstream_progress.reset(reset)
+            user_approval.reset(reset_ask)
         text = json.dumps(body, ensure_ascii=False)
         shown = _truncate(text, self._bounds.max_result_chars)
         content: list[mcp_types.ContentBlock] = [mcp_types.TextContent(type="text", text=shown)]

@@ -4,7 +4,9 @@
                     "search": {"url": "https://search.example/mcp", "headers": {"Authorization": "Bearer ..."}}}}
 
 A ``command`` is started over stdio, a ``url`` is reached over streamable
-HTTP. Each name becomes a guest namespace (sanitized like tool names).
+HTTP. Each name becomes a guest namespace (sanitized like tool names). ``approve`` lists the
+server's tools (by their MCP names; ``true`` for all) whose every call the user must approve, asked
+through MCP elicitation while the program waits.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class UpstreamServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     url: str | None = None
     headers: dict[str, str] | None = None
     type: str | None = None  # "stdio" or "http", as some clients write it; implied by command/url here
+    approve: list[str] | bool = False  # tools whose calls the user approves (True: all of them)
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):

@@ -13,7 +13,7 @@ of one ``execute_code``, so an MCP client sees a wrapped tool's progress as that
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from contextvars import ContextVar
 from functools import partial
 from typing import Any
@@ -22,10 +22,14 @@ import mcp_types
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from ..client import Tool, ToolError
+from ..client import ApprovalRequest, Tool, ToolError
 
 #: Where a wrapped tool's progress messages go while an execution runs (None: nowhere).
 upstream_progress: ContextVar[Callable[[str], Awaitable[None]] | None] = ContextVar("upstream_progress", default=None)
+#: Who approves the calls of tools that need it while an execution runs: the MCP client's user (None: no one).
+user_approval: ContextVar[Callable[[ApprovalRequest], Awaitable[bool | str]] | None] = ContextVar(
+    "user_approval", default=None
+)
 
 
 async def list_mcp_tools(session: ClientSession) -> list[mcp_types.Tool]:
@@ -41,7 +45,11 @@ async def list_mcp_tools(session: ClientSession) -> list[mcp_types.Tool]:
 
 
 async def mcp_tools(
-    session: ClientSession, *, call_timeout: float | None = None, parse_json_text: bool = True
+    session: ClientSession,
+    *,
+    call_timeout: float | None = None,
+    parse_json_text: bool = True,
+    approve: Collection[str] | bool = False,
 ) -> dict[str, Tool]:
     """``{"tool name": Tool}`` for one namespace of a ``Providers`` mapping.
 
@@ -49,13 +57,27 @@ async def mcp_tools(
     ``await github.search_issues({...})``; names are sanitized to ``safeName``s
     there, as for any tool. ``call_timeout`` (seconds) bounds each call;
     ``None`` leaves the session's own read timeout. ``parse_json_text``: see ``result_json``.
+    ``approve``: the tools (MCP names; ``True``: all) whose calls ``user_approval`` must approve.
     """
     tools = await list_mcp_tools(session)
-    return {tool.name: as_tool(session, tool, call_timeout, parse_json_text) for tool in tools}
+    return {
+        tool.name: as_tool(
+            session,
+            tool,
+            call_timeout,
+            parse_json_text,
+            approve is True or (approve is not False and tool.name in approve),
+        )
+        for tool in tools
+    }
 
 
 def as_tool(
-    session: ClientSession, tool: mcp_types.Tool, call_timeout: float | None = None, parse_json_text: bool = True
+    session: ClientSession,
+    tool: mcp_types.Tool,
+    call_timeout: float | None = None,
+    parse_json_text: bool = True,
+    needs_approval: bool = False,
 ) -> Tool:
     """One MCP tool as a client ``Tool`` that calls it over ``session``."""
 
@@ -75,7 +97,16 @@ def as_tool(
         description=_described(tool, parse_json_text),
         input_schema=_null_when_optional(tool.input_schema),
         output_schema=tool.output_schema,
+        approve=_ask_the_user if needs_approval else None,
     )
+
+
+async def _ask_the_user(request: ApprovalRequest) -> bool | str:
+    """The approval of a call that needs it, from the MCP client's user; refused with no one to ask."""
+    ask = user_approval.get()
+    if ask is None:
+        return "it needs the user's approval, and no MCP client is there to ask"
+    return await ask(request)
 
 
 def _described(tool: mcp_types.Tool, parse_json_text: bool) -> str | None:

@@ -7,23 +7,28 @@ in this process.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from functools import partial
 from typing import Annotated, Literal
 
 import mcp_types
 import uvicorn
 from mcp.server import MCPServer
+from mcp.server.elicitation import AcceptedElicitation
 from mcp.server.mcpserver import Context
 from mcp.server.transport_security import TransportSecuritySettings
-from pydantic import Field
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel, Field
 
-from ..client import Runner
+from ..client import ApprovalRequest, Runner
 from .access import Access, Guard, default_hosts
 from .codemode import DEFAULT_BOUNDS, Bounds, CodeMode
 from .config import UpstreamServer
 from .provider import mcp_tools
 from .upstream import connect_upstreams
 
+APPROVAL_INPUT_CHARS = 500  # of a call's input, shown to the user who approves it
 CALL_GRACE_S = 1.0  # an upstream call outlives its execution's timeout by at most this before it is abandoned
 
 
@@ -36,7 +41,7 @@ def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode") -> MC
         code: Annotated[str, Field(description="JavaScript; the value of the last expression is the result")],
         context: Context,
     ) -> mcp_types.CallToolResult:
-        return await code_mode.execute_code(code, context.report_progress)
+        return await code_mode.execute_code(code, context.report_progress, partial(ask_the_user, context))
 
     def search_tools(
         query: Annotated[str, Field(description="words to look for in tool names and descriptions; empty for all")],
@@ -63,6 +68,27 @@ def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode") -> MC
     return server
 
 
+class Approval(BaseModel):
+    """What the user answers when a program calls a tool that needs approval."""
+
+    approve: bool = Field(description="let the program make this call")
+
+
+async def ask_the_user(context: Context, request: ApprovalRequest) -> bool | str:
+    """Ask the MCP client's user, through elicitation, whether the program may make ``request``'s call."""
+    shown = json.dumps(request.input, ensure_ascii=False)
+    shown = shown if len(shown) <= APPROVAL_INPUT_CHARS else shown[:APPROVAL_INPUT_CHARS] + "..."
+    try:
+        answer = await context.elicit(
+            f"The program calls {request.provider}.{request.tool}({shown}). Allow it?", Approval
+        )
+    except MCPError as exc:  # a client that cannot elicit
+        return f"the user could not be asked ({exc.message})"
+    if isinstance(answer, AcceptedElicitation):
+        return True if answer.data.approve else "the user refused"
+    return "the user declined" if answer.action == "decline" else "the user cancelled"
+
+
 async def serve(
     servers: Mapping[str, UpstreamServer],
     runner: Runner,
@@ -86,7 +112,9 @@ async def serve(
     async with connect_upstreams(servers, startup_timeout=startup_timeout) as sessions, runner:
         call_timeout = bounds.timeout_ms / 1000 + CALL_GRACE_S
         namespaces = {
-            name: await mcp_tools(session, call_timeout=call_timeout, parse_json_text=parse_json_text)
+            name: await mcp_tools(
+                session, call_timeout=call_timeout, parse_json_text=parse_json_text, approve=servers[name].approve
+            )
             for name, session in sessions.items()
         }
         server = code_mode_server(CodeMode(runner, namespaces, bounds))

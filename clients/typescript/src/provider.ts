@@ -1,7 +1,8 @@
-import type {
-  ResolvedToolDescriptor,
-  ResolvedToolProvider,
-  ToolExecutionContext,
+import {
+  ExecuteFailure,
+  type ResolvedToolDescriptor,
+  type ResolvedToolProvider,
+  type ToolExecutionContext,
 } from "./types.js";
 
 /** One tool for {@link defineProvider}: a function, or a function with metadata. */
@@ -14,6 +15,13 @@ export type ToolDefinition =
       /** JSON Schema of the result: rendered into the provider's `types`, not validated here. */
       outputSchema?: Record<string, unknown>;
       execute: (input: any, context: ToolExecutionContext) => unknown;
+      /**
+       * Each call runs only once this approves it: `true` approves; `false` or a reason (a
+       * string) refuses, and the guest's call rejects with `tool_error` (the tool does not run).
+       * The guest waits meanwhile, within the execution's timeout; `context.signal` aborts when
+       * the execution ends, so a pending question can be dropped.
+       */
+      approve?: (input: any, context: ToolExecutionContext) => boolean | string | Promise<boolean | string>;
     };
 
 /** A provider for {@link defineProvider}. */
@@ -125,6 +133,25 @@ function renderTypes(name: string, tools: ResolvedToolDescriptor[]): string {
   return lines.join("\n");
 }
 
+/** `run`, behind `approve` when there is one (see `ToolDefinition`). */
+function approved(
+  name: string,
+  run: (input: any, context: ToolExecutionContext) => unknown,
+  approve: ((input: any, context: ToolExecutionContext) => boolean | string | Promise<boolean | string>) | undefined,
+): (input: any, context: ToolExecutionContext) => unknown {
+  if (approve === undefined) {
+    return run;
+  }
+  return async (input, context) => {
+    const verdict = await approve(input, context);
+    if (verdict !== true) {
+      const reason = typeof verdict === "string" && verdict !== "" ? `: ${verdict}` : "";
+      throw new ExecuteFailure("tool_error", `Tool ${name} was not approved${reason}`);
+    }
+    return await run(input, context);
+  };
+}
+
 /**
  * Builds a resolved provider (execbox's `ResolvedToolProvider` shape) from plain
  * functions, for hosts that do not use execbox's own `resolveProvider`. Tool names
@@ -148,7 +175,7 @@ export function defineProvider(definition: ProviderDefinition): ResolvedToolProv
       safeName = `${base}__${suffix}`;
     }
     const spec = typeof tool === "function" ? { execute: tool } : tool;
-    const run = spec.execute;
+    const run = approved(`${name}.${originalName}`, spec.execute, "approve" in spec ? spec.approve : undefined);
     tools[safeName] = {
       ...(spec.description === undefined ? {} : { description: spec.description }),
       ...(spec.inputSchema === undefined ? {} : { inputSchema: spec.inputSchema }),

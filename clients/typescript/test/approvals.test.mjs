@@ -1,0 +1,71 @@
+// Approval of tool calls from guest code (defineProvider's `approve`), against a real daemon.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { defineProvider, RunnerExecutor } from "../dist/index.js";
+import { startDaemon } from "./helpers/daemon.mjs";
+
+let daemon;
+let executor;
+
+before(async () => {
+  daemon = await startDaemon();
+  executor = new RunnerExecutor({ url: daemon.url });
+});
+
+after(async () => {
+  await executor?.dispose();
+  await daemon?.stop();
+});
+
+describe("approve", () => {
+  test("an approved call runs; a refused one rejects in the guest and never runs", async () => {
+    const removed = [];
+    const fs = defineProvider({
+      name: "fs",
+      tools: {
+        remove: {
+          execute: ({ path }) => {
+            removed.push(path);
+            return `removed ${path}`;
+          },
+          approve: async ({ path }) => (path.startsWith("/tmp/") ? true : "only /tmp may be removed"),
+        },
+      },
+    });
+    const result = await executor.execute(
+      "const ok = await fs.remove({path: '/tmp/a'}); let refused; try { await fs.remove({path: '/etc'}) } catch (e) { refused = e.message } ({ok, refused})",
+      [fs],
+    );
+    assert.equal(result.ok, true, JSON.stringify(result.error));
+    assert.deepEqual(result.result, {
+      ok: "removed /tmp/a",
+      refused: "Tool fs.remove was not approved: only /tmp may be removed",
+    });
+    assert.deepEqual(removed, ["/tmp/a"]);
+  });
+
+  test("an execution that times out while the host asks ends as timeout; the question's signal aborts", async () => {
+    let aborted = false;
+    const fs = defineProvider({
+      name: "fs",
+      tools: {
+        remove: {
+          execute: () => assert.fail("ran without approval"),
+          approve: (_input, context) =>
+            new Promise((resolve) => {
+              context.signal.addEventListener("abort", () => {
+                aborted = true;
+                resolve(false);
+              });
+            }),
+        },
+      },
+    });
+    const startedAt = Date.now();
+    const result = await executor.execute("await fs.remove({path: '/tmp/x'})", [fs], { timeoutMs: 500 });
+    assert.equal(result.error.code, "timeout");
+    assert.ok(Date.now() - startedAt < 5_000);
+    assert.equal(aborted, true);
+  });
+});
