@@ -7,20 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from execbox_runner.protocol.messages import ERROR_CODES
+
 from .host import OPTIONS, Host, Session, Violation, cancel_message, execute_message, expect, tool_code, tool_sum
 
 MiB: Final = 1 << 20
-STABLE_CODES: Final = frozenset(
-    [
-        "timeout",
-        "memory_limit",
-        "validation_error",
-        "tool_error",
-        "runtime_error",
-        "serialization_error",
-        "internal_error",
-    ]
-)
+STABLE_CODES: Final = ERROR_CODES  # what a failing tool_result's code stays as; any other is tool_error
 
 # ---------------------------------------------------------------- executions (on an open connection)
 
