@@ -85,16 +85,16 @@ def test_the_build_says_what_it_holds_and_labels_its_version(tmp_path: Path) -> 
         "PROFILE_GUIDED": True,
     }
     assert (
-        f'version = "{build.VERSION}+arena2048.budget.clock.lazy.discard.pgo"' in (tree / "pyproject.toml").read_text()
+        f'version = "{build.VERSION}+arena2048.budget2.clock.lazy.discard.pgo"' in (tree / "pyproject.toml").read_text()
     )
 
 
 @pytest.mark.parametrize(
     ("options", "setting", "version"),
     [
-        ({"discard": False}, "DISCARDS_RUNTIMES", "+arena2048.budget.clock.lazy.pgo"),
-        ({"lazy_accessors": False}, "LAZY_ACCESSORS", "+arena2048.budget.clock.discard.pgo"),
-        ({"pgo": False}, "PROFILE_GUIDED", "+arena2048.budget.clock.lazy.discard"),
+        ({"discard": False}, "DISCARDS_RUNTIMES", "+arena2048.budget2.clock.lazy.pgo"),
+        ({"lazy_accessors": False}, "LAZY_ACCESSORS", "+arena2048.budget2.clock.discard.pgo"),
+        ({"pgo": False}, "PROFILE_GUIDED", "+arena2048.budget2.clock.lazy.discard"),
     ],
 )
 def test_a_build_to_measure_against_says_what_it_leaves_out(

@@ -7,7 +7,7 @@ on first use, the budgets set and read through the binding), and builds it profi
 the runner's own workload on it, and the second build is laid out and inlined by those counts,
 optimized at link time (a trivial execution's runtime costs ~20% less; two such builds are not
 identical byte for byte, ``--no-pgo`` ones are). The version installed carries a local label
-naming what it holds (``0.17.0.2+arena2048.budget.clock.lazy.discard.pgo``). It needs GCC,
+naming what it holds (``0.17.0.2+arena2048.budget2.clock.lazy.discard.pgo``). It needs GCC,
 ``patch``, the Python headers and the environment's execbox-runner (for the training), and takes
 about two minutes. execbox-runner also runs on the PyPI wheel; ``execbox-runner info`` says which
 build is in use.
@@ -45,9 +45,11 @@ ARENA_CHOICES = (1024, 2048, 4096)
 
 def label(arena_bytes: int, discard: bool = True, lazy_accessors: bool = True, pgo: bool = True) -> str:
     """The version the build installs as: PEP 440 ignores the local label when matching
-    ``quickjs-ng>=0.17``, so the project's requirement still holds."""
+    ``quickjs-ng>=0.17``, so the project's requirement still holds. ``budget2``: the budget is
+    checked in C (0002) and set and read through the binding (0006); a build of 0002 alone was
+    ``budget``, and an environment holding one is rebuilt."""
     return (
-        f"{VERSION}+arena{arena_bytes}.budget.clock"
+        f"{VERSION}+arena{arena_bytes}.budget2.clock"
         + (".lazy" if lazy_accessors else "")
         + (".discard" if discard else "")
         + (".pgo" if pgo else "")
