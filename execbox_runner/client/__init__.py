@@ -10,6 +10,7 @@ or the worker.
 from ..protocol.messages import ErrorInfo
 from .approval import ApprovalRequest
 from .errors import (
+    QuotaExceeded,
     RunnerBusy,
     RunnerDisconnected,
     RunnerError,
@@ -34,6 +35,7 @@ __all__ = [
     "Limits",
     "LogEvent",
     "Providers",
+    "QuotaExceeded",
     "Runner",
     "RunnerBusy",
     "RunnerDisconnected",

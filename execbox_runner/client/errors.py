@@ -9,6 +9,8 @@ round: a tool raises it to fail with a stable code of its choosing.
 
 from __future__ import annotations
 
+import json
+
 from ..protocol.messages import ERROR_CODES, ErrorCode
 
 
@@ -53,6 +55,19 @@ class Unauthorized(RunnerRefused):
 
 class RunnerBusy(RunnerRefused):
     """HTTP 503: the runner is at its session limit or draining; try again after ``retry_after`` seconds."""
+
+
+class QuotaExceeded(RunnerRefused):
+    """HTTP 429: this token's tenant is at one of its quotas (``quota``: ``max_sessions``,
+    ``executions_per_minute``, ``memory_in_flight_bytes``); try again after ``retry_after`` seconds."""
+
+    def __init__(self, url: str, status: int, body: str, retry_after: float | None) -> None:
+        super().__init__(url, status, body, retry_after)
+        try:
+            quota = json.loads(body).get("quota")
+        except (ValueError, AttributeError):
+            quota = None
+        self.quota: str | None = quota if isinstance(quota, str) else None
 
 
 class RunnerDisconnected(RunnerError):

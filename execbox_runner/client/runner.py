@@ -26,7 +26,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from ..protocol import extensions
 from ..protocol.messages import Execute, RuntimeOptions
 from . import tracing
-from .errors import RunnerError
+from .errors import QuotaExceeded, RunnerBusy, RunnerError
 from .events import DoneEvent, Event, LogEvent, Observer, ToolCallEvent
 from .execution import ExecuteResult, Execution
 from .local import LocalDaemon
@@ -49,6 +49,8 @@ DEFAULT_LIMITS: Final[Limits] = {
     "max_log_lines": 100,
     "max_log_chars": 64_000,
 }
+RETRY_BACKOFF_S: Final = 0.25  # the first wait of a retried handshake without Retry-After, doubled each time
+MAX_RETRY_WAIT_S: Final = 30.0
 # The handshake header that asks a runner for live logs (runners without them ignore it).
 LIVE_LOGS: Final = ((extensions.HEADER, extensions.LIVE_LOGS),)
 # The wire's spellings of the limits (``RuntimeOptions``), as a caller may write them by mistake.
@@ -75,11 +77,13 @@ class Runner:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         connect_timeout: float = 10.0,
+        retries: int = 0,
     ) -> None:
         self.url = url
         self.token = token
         self.ssl_context = ssl_context
         self.connect_timeout = connect_timeout
+        self.retries = retries
         self._daemon: LocalDaemon | None = None
 
     @classmethod
@@ -90,13 +94,17 @@ class Runner:
         token: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         connect_timeout: float = 10.0,
+        retries: int = 0,
     ) -> Runner:
         """A runner at ``ws://`` or ``wss://`` URL, authenticated with a bearer ``token``.
 
-        Nothing is connected yet: refusals (``Unauthorized``, ``RunnerBusy``)
-        and unreachable runners surface from ``execute``.
+        Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
+        and unreachable runners surface from ``execute``. With ``retries``, a handshake refused
+        as busy (503) or over a quota (429) is tried again up to that many times, after the
+        runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff; nothing
+        has run when a handshake is refused, so a retry never runs code twice.
         """
-        return cls(url, token=token, ssl_context=ssl_context, connect_timeout=connect_timeout)
+        return cls(url, token=token, ssl_context=ssl_context, connect_timeout=connect_timeout, retries=retries)
 
     @classmethod
     def local(cls, *, daemon_args: tuple[str, ...] = (), startup_timeout: float = 60.0) -> Runner:
@@ -185,16 +193,29 @@ class Runner:
             id=f"exec-{uuid.uuid4().hex}", code=code, options=_options(limits), providers=resolved.manifests
         )
         with tracing.execution_span(execute.id) as trace_headers:
-            websocket = await WebSocket.open(
-                self._url(),
-                token=self.token,
-                ssl_context=self.ssl_context,
-                connect_timeout=self.connect_timeout,
-                headers=(*trace_headers, *(LIVE_LOGS if observe is not None else ())),
-            )
+            headers = (*trace_headers, *(LIVE_LOGS if observe is not None else ()))
+            websocket = await self._open(headers)
             result = await Execution(websocket, execute, resolved, observe).run()
             tracing.finished(result.ok, None if result.error is None else result.error.code)
             return result
+
+    async def _open(self, headers: tuple[tuple[str, str], ...]) -> WebSocket:
+        """The execution's connection; a busy or over-quota refusal retried as ``retries`` says."""
+        attempt = 0
+        while True:
+            try:
+                return await WebSocket.open(
+                    self._url(),
+                    token=self.token,
+                    ssl_context=self.ssl_context,
+                    connect_timeout=self.connect_timeout,
+                    headers=headers,
+                )
+            except (QuotaExceeded, RunnerBusy) as refused:
+                if attempt >= self.retries:
+                    raise
+                await anyio.sleep(min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S))
+                attempt += 1
 
     def _url(self) -> str:
         if not self.url:

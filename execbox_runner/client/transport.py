@@ -22,7 +22,15 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import WebSocketURI, parse_uri
 
-from .errors import RunnerBusy, RunnerDisconnected, RunnerProtocolError, RunnerRefused, RunnerUnavailable, Unauthorized
+from .errors import (
+    QuotaExceeded,
+    RunnerBusy,
+    RunnerDisconnected,
+    RunnerProtocolError,
+    RunnerRefused,
+    RunnerUnavailable,
+    Unauthorized,
+)
 
 RECEIVE_BYTES: Final = 65536
 SEND_TIMEOUT_S: Final = 10.0  # a runner that reads nothing for this long is gone
@@ -219,7 +227,7 @@ def _refusal(url: str, response: Response | None, exc: Exception) -> Exception:
         delay = float(retry_after) if retry_after is not None else None
     except ValueError:
         delay = None
-    kind = {401: Unauthorized, 503: RunnerBusy}.get(status, RunnerRefused)
+    kind = {401: Unauthorized, 429: QuotaExceeded, 503: RunnerBusy}.get(status, RunnerRefused)
     return kind(url, status, body, delay)
 
 

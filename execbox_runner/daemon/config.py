@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from ..exposure import read_tokens
 from .machine import usable_cores
+from .tenants import read_tenants
 
 ENV_PREFIX: Final = "EXECBOX_RUNNER_"
 TRUE_WORDS: Final = ("true", "1", "yes")
@@ -125,7 +126,7 @@ HELP: dict[str, str] = {
     "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
     "max_timeout_ms": "largest timeoutMs an execute may ask for; larger: done validation_error",
     "max_memory_limit_bytes": "largest memoryLimitBytes an execute may ask for; larger: done validation_error",
-    "tokens_file": "existing file of accepted bearer tokens, one per line; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
+    "tokens_file": "existing file of accepted bearer tokens, one per line, each optionally with tenant=NAME and its quotas; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
     "tokens": "accepted bearer tokens, comma-separated (prefer the environment variable or --tokens-file)",
     "allow_unauthenticated": "serve a non-loopback address without tokens (refused otherwise)",
     "allowed_origins": "comma-separated Origin values allowed to open sessions; a handshake with any other Origin gets HTTP 403 (browsers send one, hosts do not)",
@@ -200,6 +201,13 @@ def _path_problem(name: str, value: str) -> str | None:
     path = Path(value)
     if name in EXISTING_FILES and value and not path.is_file():
         return os.strerror(errno.ENOENT) if not path.exists() else "not a regular file"
+    if name == "tokens_file" and value:
+        try:
+            read_tenants("", value)
+        except ValueError as exc:
+            return str(exc)
+        except OSError as exc:
+            return exc.strerror or str(exc)
     if name == "metrics_token_file" and value:
         try:
             if not read_tokens("", value):

@@ -56,6 +56,7 @@ from .observability.endpoints import DaemonState
 from .observability.records import Recorder
 from .pool.pool import WorkerPool
 from .pool.worker import Lease, WorkerLost
+from .tenants import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Connection:
         pool: WorkerPool,
         settings: Settings,
         state: DaemonState,
+        ledger: Ledger,
         requested: Callable[[Connection], None],
         closed: Callable[[Connection], None],
         spawn: Callable[[Callable[[], Awaitable[None]]], None],
@@ -86,6 +88,7 @@ class Connection:
         self.pool = pool
         self.settings = settings
         self.state = state
+        self.ledger = ledger
         self._reactor = reactor
         self._requested = requested  # called once the peer's handshake request has arrived
         self._closed = closed  # called once the connection is over
@@ -107,7 +110,9 @@ class Connection:
             max_timeout_ms=settings.max_timeout_ms,
             max_memory_limit_bytes=settings.max_memory_limit_bytes,
         )
-        self.tenant = ""  # executions of different tenants never share a worker (set at the handshake)
+        self.tenant_name = ""  # whose token the session bears (``tenants``; set at the handshake)
+        self.tenant = ""  # executions of different tenants never share a worker, unless told to
+        self._memory_held = 0  # the running execution's memoryLimitBytes, in its tenant's ledger
         self._traceparent: str | None = None  # the host's trace context, when traces are on
         self._worker_pid: int | None = None  # the current execution's worker, for its trace
         self._lost_worker = False  # ... and whether it was lost
@@ -238,10 +243,15 @@ class Connection:
         answer = endpoints.route(request, self.state, peer=self.peer)
         if answer is None and self.ws.eof_sent:
             answer = endpoints.bad_request("what followed the handshake request is not WebSocket frames")
+        if answer is None and self.state.tokens:
+            tenant = endpoints.tenant(request, self.state)
+            if (over := self.ledger.refusal(tenant, self._reactor.now())) is not None:
+                answer = endpoints.over_quota(tenant, *over, self.state, self.peer)
         if answer is not None:  # health, readiness, or a refused session
             self._respond(answer)
             return
-        self.tenant = endpoints.tenant(request, self.state)
+        self.tenant_name = endpoints.tenant(request, self.state)
+        self.tenant = "" if self.state.share_workers else self.tenant_name
         self.correlation_id = logs.correlation_id(request.headers)
         if self.state.traces is not None:
             traceparents = request.headers.get_all("traceparent")
@@ -268,6 +278,7 @@ class Connection:
             self._end()
             return
         self.state.sessions += 1
+        self.ledger.session_opened(self.tenant_name)
         self._counted = True
         self._idle_since = self._reactor.now()
         self._rearm_timer()
@@ -361,18 +372,24 @@ class Connection:
         self._rearm_timer()
 
     def _observe(self, record: ExecutionEnded) -> None:
+        self.ledger.execution_ended(self.tenant_name, self._memory_held)
+        self._memory_held = 0
         if self.recorder is not None:
             self.recorder.execution_ended(record)
         if self.state.metrics is not None:
             self.state.metrics.execution_ended(record)
         logs.execution_ended(
-            record, self.peer, self.correlation_id, record.guest_code if self.settings.log_guest_code else None
+            record,
+            self.peer,
+            self.correlation_id,
+            record.guest_code if self.settings.log_guest_code else None,
+            self.tenant_name,
         )
         if self.state.traces is not None:
             self.state.traces.record(
                 record,
                 traceparent=self._traceparent,
-                tenant=self.tenant,
+                tenant=self.tenant_name,
                 worker_pid=self._worker_pid,
                 worker_lost=self._lost_worker,
             )
@@ -423,6 +440,8 @@ class Connection:
 
     def _start_run(self, run: ipc.Run) -> None:
         """Lease a slot in a worker (now, or once there is room) and send it the run."""
+        self._memory_held = run.memory_limit
+        self.ledger.execution_started(self.tenant_name, run.memory_limit, self._reactor.now())
         self._run = self._replaceable = run
         self.pool.acquire(self.tenant, self._leased)
 
@@ -557,6 +576,7 @@ class Connection:
         if self._counted:
             self._counted = False
             self.state.sessions -= 1
+            self.ledger.session_closed(self.tenant_name)
         for action in self.session.transport_closed(self._reactor.now()):
             match action:
                 case ReleaseWorker(misbehaved=misbehaved):

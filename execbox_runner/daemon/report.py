@@ -13,12 +13,13 @@ from dataclasses import asdict
 from typing import Final, TypedDict
 
 from .. import __version__
-from ..exposure import is_loopback, read_tokens
+from ..exposure import is_loopback
 from ..worker import native, sandbox
 from .config import Settings
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files
 from .startup import engine
 from .supervisor import shard_count
+from .tenants import Tenant, read_tenants
 
 
 class QuickJSReport(TypedDict):
@@ -181,5 +182,10 @@ def worker_arguments(settings: Settings) -> list[str]:
     return args if settings.sandbox else [*args, "--no-sandbox"]
 
 
+def accepted_tenants(settings: Settings) -> tuple[tuple[bytes, Tenant], ...]:
+    """Each accepted bearer token and its tenant."""
+    return read_tenants(settings.tokens, settings.tokens_file)
+
+
 def accepted_tokens(settings: Settings) -> tuple[bytes, ...]:
-    return read_tokens(settings.tokens, settings.tokens_file)
+    return tuple(token for token, _ in accepted_tenants(settings))

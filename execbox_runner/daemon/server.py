@@ -47,7 +47,7 @@ from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
 from .report import (
     UNSAFE_SETTINGS,
-    accepted_tokens,
+    accepted_tenants,
     effective_max_sessions,
     host_report,
     memory_budget,
@@ -55,6 +55,7 @@ from .report import (
     worker_capacity,
 )
 from .supervisor import is_shard, shard_count, shard_name
+from .tenants import Ledger
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
@@ -162,7 +163,8 @@ def record_directory(settings: Settings) -> Path | None:
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.tokens = accepted_tokens(settings)
+        tenants = accepted_tenants(settings)
+        self.tokens = tuple(token for token, _ in tenants)
         if not self.tokens and not is_loopback(settings.host) and not settings.allow_unauthenticated:
             raise ConfigurationError(
                 f"refusing to serve {settings.host} without authentication: configure --tokens-file (or --tokens), or pass --allow-unauthenticated true"
@@ -187,6 +189,7 @@ class Daemon:
             memory_budget=memory_budget(settings) // shard_count(),
             report=self.report,
             tokens=self.tokens,
+            tenant_names=tuple(tenant.name for _, tenant in tenants),
             share_workers=settings.share_workers_across_tokens,
             allowed_origins=frozenset(
                 origin.strip() for origin in settings.allowed_origins.split(",") if origin.strip()
@@ -195,6 +198,7 @@ class Daemon:
             separate_metrics=bool(settings.metrics_port),
         )
         self.state.metrics = Metrics(self._live_state, known_unsafe=UNSAFE_SETTINGS, unsafe=self.unsafe)
+        self.ledger = Ledger(tenant for _, tenant in tenants)  # what each tenant takes, against its quotas
         self.connections: set[Connection] = set()
         self.acceptors: list[Acceptor] = []
         self.records_writing = 0  # session records' writer tasks under way: a drain waits for them
@@ -353,6 +357,7 @@ class Daemon:
                 pool=self.pool,
                 settings=self.settings,
                 state=self.state,
+                ledger=self.ledger,
                 requested=self.handshakes.finished,
                 closed=self._closed,
                 spawn=functools.partial(self._spawn_record_writer, nursery),

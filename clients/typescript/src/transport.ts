@@ -147,6 +147,8 @@ function statusText(status: number): string {
       return "401 Unauthorized: missing or wrong token";
     case 403:
       return "403 Forbidden: origin not allowed";
+    case 429:
+      return "429 Too Many Requests: the token's tenant is at one of its quotas";
     case 503:
       return "503 Service Unavailable: the runner is busy or draining";
     default:

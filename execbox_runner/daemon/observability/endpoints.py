@@ -28,6 +28,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ REFUSALS: Final = {
     "draining": "draining",
     "busy": "at the maximum of concurrent sessions",
     "memory": "near the memory budget",
+    "quota": "the tenant is at one of its quotas",
     "shed": "closed unanswered to make room for newer connections",
 }
 # Refusal lines per reason: this many a second on average, at most this many at once.
@@ -128,6 +130,7 @@ class DaemonState:
     max_sessions: int
     report: Mapping[str, object]  # the host report (``daemon.report.HostReport``)
     tokens: tuple[bytes, ...] = ()  # accepted bearer tokens; empty: no authentication
+    tenant_names: tuple[str, ...] = ()  # the tenant of each token (``tenants``)
     metrics_tokens: tuple[bytes, ...] = ()  # bearer tokens /metrics and the detailed /healthz need; empty: none
     separate_metrics: bool = False  # /metrics and the detailed /healthz are on the metrics port only
     allowed_origins: frozenset[str] = frozenset()  # empty: no Origin (only hosts that send none)
@@ -189,18 +192,23 @@ def _unauthorized(message: str) -> Response:
     )
 
 
+def over_quota(tenant: str, quota: str, retry_after_s: float, message: str, state: DaemonState, peer: str) -> Response:
+    """A tenant's handshake refused at one of its quotas (``tenants``): 429, with ``Retry-After``."""
+    state.refusals.refuse("quota", peer)
+    body: dict[str, object] = {"error": "quota", "quota": quota, "tenant": tenant, "message": message}
+    return _json(429, "Too Many Requests", body, [("Retry-After", str(max(1, math.ceil(retry_after_s))))])
+
+
 def _not_found(message: str) -> Response:
     return _json(404, "Not Found", {"error": "not_found", "message": message})
 
 
 def tenant(request: Request, state: DaemonState) -> str:
-    """Whose workers an accepted session's executions run in: one set per token, unless shared."""
-    if state.share_workers or not state.tokens:
-        return ""
+    """The tenant whose token the request bears (``tenants``), "" without tokens."""
     presented = _presented(request.headers.get("Authorization", ""))
-    for index, token in enumerate(state.tokens):
+    for token, name in zip(state.tokens, state.tenant_names, strict=True):
         if hmac.compare_digest(presented, token):
-            return f"token-{index}"
+            return name
     return ""
 
 

@@ -286,9 +286,9 @@ def correlation_id(headers: Headers) -> str:
     return secrets.token_hex(16)
 
 
-def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: str | None) -> None:
+def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: str | None, tenant: str = "") -> None:
     """The execution line; ``correlation`` is its session's correlation id; ``code`` is the guest
-    code, only when the operator logs it."""
+    code, only when the operator logs it; ``tenant`` its session's tenant (a name, never a token)."""
     fields: dict[str, object] = {
         "execution_id": record.id,
         "outcome": record.outcome,
@@ -298,6 +298,8 @@ def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: s
         "peer": peer,
         "correlation_id": correlation,
     }
+    if tenant:
+        fields["tenant"] = tenant
     if record.unknown_tool_codes:
         fields["unknown_tool_error_codes"] = list(record.unknown_tool_codes)
     if code is not None:

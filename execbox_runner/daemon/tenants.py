@@ -1,0 +1,152 @@
+"""Named tenants: whose a bearer token is, and how much of the runner that tenant may take.
+
+A line of the tokens file is a token, then optionally ``name=value`` settings::
+
+    s3cret-for-acme    tenant=acme  max_sessions=20  executions_per_minute=600  memory_in_flight_bytes=2147483648
+    other-acme-token   tenant=acme
+    s3cret-for-globex  tenant=globex  max_sessions=5
+
+Tokens of one tenant share its name and quotas (set on any of its lines; two lines that disagree
+are refused). A token without ``tenant=`` is a tenant of its own, named ``token-N`` after its
+place among the tokens (as tokens were before names), with no quotas. Tenant names are labels in
+metrics and log lines, never the token: letters, digits, ``.``, ``_`` and ``-``, at most 64.
+
+Quotas, each per tenant and per daemon process (with ``--processes``, each shard counts its own):
+
+- ``max_sessions``: sessions open at once;
+- ``executions_per_minute``: executions started in the last 60 s;
+- ``memory_in_flight_bytes``: the sum of the ``memoryLimitBytes`` of its executions running now.
+
+A tenant at one of them gets ``429 Too Many Requests`` at the handshake, before any session
+exists, with ``Retry-After`` and a JSON body naming the quota (``Ledger.refusal``). Quotas are
+judged when a session opens: the executions of a session already open count towards them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+QUOTAS: Final = ("max_sessions", "executions_per_minute", "memory_in_flight_bytes")
+WINDOW_S: Final = 60.0
+_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant's name and quotas (None: no quota)."""
+
+    name: str
+    max_sessions: int | None = None
+    executions_per_minute: int | None = None
+    memory_in_flight_bytes: int | None = None
+
+
+def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
+    """Each accepted token and its tenant: ``inline`` tokens (comma-separated, no settings), then
+    the lines of the file at ``path``. Raises ``ValueError`` naming the line at fault, OSError for
+    a file that cannot be read."""
+    entries = [(token.strip(), "") for token in inline.split(",") if token.strip()]
+    if path:
+        for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+            if line.strip() and not line.strip().startswith("#"):
+                token, _, settings = line.strip().partition(" ")
+                entries.append((token, f"line {number}: {settings}"))
+    named: dict[str, Tenant] = {}
+    tenants: list[tuple[bytes, str]] = []
+    for index, (token, settings) in enumerate(entries):
+        tenant = _tenant(index, settings)
+        known = named.get(tenant.name)
+        if known is None or (_has_quotas(tenant) and not _has_quotas(known)):
+            named[tenant.name] = tenant
+        elif _has_quotas(tenant) and tenant != known:
+            raise ValueError(f"{settings.partition(':')[0]}: tenant {tenant.name!r} has other quotas on another line")
+        tenants.append((token.encode(), tenant.name))
+    return tuple((token, named[name]) for token, name in tenants)
+
+
+def _tenant(index: int, settings: str) -> Tenant:
+    where, _, text = settings.partition(": ")
+    values: dict[str, str | int] = {}
+    for item in text.split():
+        key, equals, value = item.partition("=")
+        if not equals or key not in ("tenant", *QUOTAS):
+            raise ValueError(f"{where}: {item!r} is not tenant=NAME or one of {', '.join(q + '=N' for q in QUOTAS)}")
+        if key == "tenant":
+            if not _NAME.fullmatch(value):
+                raise ValueError(f"{where}: tenant name {value!r} must be 1-64 letters, digits, '.', '_' or '-'")
+            values[key] = value
+        elif not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{where}: {key} must be a whole number of at least 1, got {value!r}")
+        else:
+            values[key] = int(value)
+    name = str(values.pop("tenant", f"token-{index}"))
+    return Tenant(name, **{key: int(value) for key, value in values.items()})
+
+
+def _has_quotas(tenant: Tenant) -> bool:
+    return any(getattr(tenant, quota) is not None for quota in QUOTAS)
+
+
+@dataclass
+class _Usage:
+    sessions: int = 0
+    started: deque[float] = field(default_factory=deque)  # when each execution of the window started
+    memory: int = 0
+
+
+class Ledger:
+    """What each tenant takes now, and the refusal of a handshake past one of its quotas."""
+
+    def __init__(self, tenants: Iterable[Tenant] = ()) -> None:
+        self._quotas = {tenant.name: tenant for tenant in tenants if _has_quotas(tenant)}
+        self._usage: dict[str, _Usage] = {name: _Usage() for name in self._quotas}
+
+    def refusal(self, name: str, now: float) -> tuple[str, float, str] | None:
+        """(quota, seconds until it may allow a session, message) when ``name`` is at a quota; else None."""
+        tenant, usage = self._quotas.get(name), self._usage.get(name)
+        if tenant is None or usage is None:
+            return None
+        if tenant.max_sessions is not None and usage.sessions >= tenant.max_sessions:
+            return "max_sessions", 1.0, f"tenant {name} has its maximum of {tenant.max_sessions} sessions open"
+        started = self._window(usage, now)
+        if tenant.executions_per_minute is not None and len(started) >= tenant.executions_per_minute:
+            wait = started[len(started) - tenant.executions_per_minute] + WINDOW_S - now
+            limit = tenant.executions_per_minute
+            return (
+                "executions_per_minute",
+                max(wait, 1.0),
+                f"tenant {name} started {limit} executions in the last minute",
+            )
+        if tenant.memory_in_flight_bytes is not None and usage.memory >= tenant.memory_in_flight_bytes:
+            limit = tenant.memory_in_flight_bytes
+            return "memory_in_flight_bytes", 1.0, f"tenant {name}'s running executions hold their {limit} bytes"
+        return None
+
+    def session_opened(self, name: str) -> None:
+        if (usage := self._usage.get(name)) is not None:
+            usage.sessions += 1
+
+    def session_closed(self, name: str) -> None:
+        if (usage := self._usage.get(name)) is not None:
+            usage.sessions -= 1
+
+    def execution_started(self, name: str, memory_limit: int, now: float) -> None:
+        if (usage := self._usage.get(name)) is not None:
+            self._window(usage, now).append(now)
+            usage.memory += memory_limit
+
+    def execution_ended(self, name: str, memory_limit: int) -> None:
+        if (usage := self._usage.get(name)) is not None:
+            usage.memory -= memory_limit
+
+    @staticmethod
+    def _window(usage: _Usage, now: float) -> deque[float]:
+        """The starts of the last minute (older ones dropped)."""
+        while usage.started and usage.started[0] <= now - WINDOW_S:
+            usage.started.popleft()
+        return usage.started

@@ -1,0 +1,130 @@
+"""Named tenants and their quotas: the tokens file, the 429 at the handshake (with Retry-After and
+a body naming the quota) while other tenants are served, the Python client's typed error and its
+opt-in retry."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from execbox_runner.client import QuotaExceeded, Runner
+from execbox_runner.daemon.tenants import Ledger, Tenant, read_tenants
+
+from .daemonkit import Daemon, client, execute, receive, running_daemon
+
+TOKENS = """\
+# tenant names label metrics and log lines; quotas are per tenant
+acme-1  tenant=acme  max_sessions=2  memory_in_flight_bytes=100000000
+acme-2  tenant=acme
+globex-1  tenant=globex  executions_per_minute=3
+plain-token
+"""
+
+
+def test_the_tokens_file_names_tenants_and_their_quotas(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.txt"
+    path.write_text(TOKENS)
+    tenants = dict(read_tenants("inline-token", str(path)))
+    assert tenants[b"acme-1"] == tenants[b"acme-2"] == Tenant("acme", 2, None, 100_000_000)
+    assert tenants[b"globex-1"] == Tenant("globex", executions_per_minute=3)
+    assert tenants[b"inline-token"] == Tenant("token-0") and tenants[b"plain-token"] == Tenant("token-4")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("t tenant=a max_sessions=0", "max_sessions must be a whole number of at least 1"),
+        ("t tenant=a sessions=3", "'sessions=3' is not tenant=NAME"),
+        ("t tenant=bad/name", "tenant name 'bad/name'"),
+        ("t tenant=a max_sessions=1\nu tenant=a max_sessions=2", "line 2: tenant 'a' has other quotas"),
+    ],
+)
+def test_a_bad_tokens_file_names_the_line(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "tokens.txt"
+    path.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_tenants("", str(path))
+
+
+def test_the_ledger_refuses_past_each_quota_and_says_when_to_retry() -> None:
+    ledger = Ledger([Tenant("a", executions_per_minute=2), Tenant("b", memory_in_flight_bytes=10)])
+    ledger.execution_started("a", 1, 100.0)
+    assert ledger.refusal("a", 100.0) is None
+    ledger.execution_started("a", 1, 110.0)
+    quota, wait, _ = ledger.refusal("a", 120.0) or ("", 0.0, "")
+    assert quota == "executions_per_minute" and wait == pytest.approx(40.0)  # the first start leaves at 160
+    assert ledger.refusal("a", 160.5) is None
+    ledger.execution_started("b", 10, 0.0)
+    assert (ledger.refusal("b", 0.0) or ("",))[0] == "memory_in_flight_bytes"
+    ledger.execution_ended("b", 10)
+    assert ledger.refusal("b", 0.0) is None and ledger.refusal("nobody", 0.0) is None
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    path = tmp_path_factory.mktemp("tenants") / "tokens.txt"
+    path.write_text(TOKENS)
+    with running_daemon("--tokens-file", str(path)) as started:
+        yield started
+
+
+def bearer(token: str) -> dict[str, object]:
+    return {"additional_headers": {"Authorization": f"Bearer {token}"}}
+
+
+def refused(url: str, token: str) -> tuple[int, dict[str, str], dict[str, object]]:
+    with pytest.raises(InvalidStatus) as caught:
+        client(url, **bearer(token)).close()
+    response = caught.value.response
+    return response.status_code, dict(response.headers.raw_items()), json.loads(response.body)
+
+
+def test_a_tenant_at_its_sessions_quota_gets_429_while_others_are_served(daemon: Daemon) -> None:
+    with client(daemon.url, **bearer("acme-1")), client(daemon.url, **bearer("acme-2")):
+        status, headers, body = refused(daemon.url, "acme-1")
+        assert status == 429 and headers["Retry-After"] == "1"
+        assert body == {
+            "error": "quota",
+            "quota": "max_sessions",
+            "tenant": "acme",
+            "message": "tenant acme has its maximum of 2 sessions open",
+        }
+        with client(daemon.url, **bearer("plain-token")) as other:  # another tenant, at the same moment
+            other.send(execute("x", "6 * 7"))
+            assert receive(other)["type"] == "started" and receive(other)["result"] == 42
+    with client(daemon.url, **bearer("acme-1")):  # a session closed: room again
+        pass
+    lines = daemon.json_lines(lambda lines: any(line.get("refusal") == "quota" for line in lines))
+    assert any(line.get("refusal") == "quota" for line in lines)
+
+
+def test_executions_per_minute_and_the_clients_typed_error_and_retry(daemon: Daemon) -> None:
+    runner = Runner.connect(daemon.url, token="globex-1")
+    for _ in range(3):
+        assert runner.execute_sync("1").ok
+    status, headers, body = refused(daemon.url, "globex-1")
+    assert status == 429 and body["quota"] == "executions_per_minute" and 1 <= int(headers["Retry-After"]) <= 60
+    with pytest.raises(QuotaExceeded) as caught:
+        runner.execute_sync("1")
+    assert caught.value.quota == "executions_per_minute" and caught.value.retry_after is not None
+    lines = daemon.json_lines(lambda lines: any(line.get("tenant") == "globex" for line in lines))
+    assert any(line.get("tenant") == "globex" and line.get("outcome") == "ok" for line in lines)
+    assert not any("globex-1" in json.dumps(line) for line in lines)  # the name, never the token
+
+
+def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> None:
+    with client(daemon.url, **bearer("acme-1")), client(daemon.url, **bearer("acme-2")) as second:
+        release = threading.Timer(1.5, second.close)
+        release.start()
+        started = time.monotonic()
+        try:
+            result = Runner.connect(daemon.url, token="acme-1", retries=10).execute_sync("'in'")
+        finally:
+            release.cancel()
+    assert result.result == "in" and time.monotonic() - started >= 1.0  # it waited, then got in
