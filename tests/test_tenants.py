@@ -4,6 +4,7 @@ opt-in retry."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -128,3 +129,16 @@ def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> Non
         finally:
             release.cancel()
     assert result.result == "in" and time.monotonic() - started >= 1.0  # it waited, then got in
+
+
+def test_metrics_count_each_tenants_executions_by_name(daemon: Daemon) -> None:
+    Runner.connect(daemon.url, token="plain-token").execute_sync("1")
+    assert Runner.connect(daemon.url, token="acme-2").execute_sync("throw 1").error is not None
+    host, port = daemon.url.removeprefix("ws://").rstrip("/").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/metrics", headers={"Authorization": "Bearer acme-1"})
+    text = connection.getresponse().read().decode()
+    connection.close()
+    assert 'execbox_tenant_executions_total{outcome="ok",tenant="token-3"}' in text
+    assert 'execbox_tenant_executions_total{outcome="error",tenant="acme"}' in text
+    assert "acme-1" not in text and "plain-token" not in text

@@ -377,7 +377,7 @@ class Connection:
         if self.recorder is not None:
             self.recorder.execution_ended(record)
         if self.state.metrics is not None:
-            self.state.metrics.execution_ended(record)
+            self.state.metrics.execution_ended(record, self.tenant_name)
         logs.execution_ended(
             record,
             self.peer,

@@ -163,6 +163,12 @@ class Metrics:
             registry=self.registry,
         )
         self.tool_calls = Counter("execbox_tool_calls", "Tool calls sent to hosts.", registry=self.registry)
+        self.tenant_executions = Counter(
+            "execbox_tenant_executions",
+            "Executions that ended, by tenant (named in the tokens file, or token-N) and outcome.",
+            ["tenant", "outcome"],
+            registry=self.registry,
+        )
         # Each (outcome, code)'s counter, as ``labels`` makes it once (it checks the labels every call).
         self._by_outcome: dict[tuple[str, str], Counter] = {}
         self.tool_latency = Histogram(
@@ -174,7 +180,11 @@ class Metrics:
         self.registry.register(_Live(read_state))
         self.registry.register(self.unsafe)
 
-    def execution_ended(self, record: ExecutionEnded) -> None:
+    def execution_ended(self, record: ExecutionEnded, tenant: str = "") -> None:
+        """Count ``record``; ``tenant``, when sessions bear tokens, labels it too (one label value per
+        configured tenant, so the series stay bounded)."""
+        if tenant:
+            self.tenant_executions.labels(tenant, record.outcome).inc()
         key = (record.outcome, record.code or "")
         counter = self._by_outcome.get(key)
         if counter is None:
