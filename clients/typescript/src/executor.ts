@@ -6,7 +6,7 @@ import {
   timeoutResult,
 } from "./session.js";
 import { startExecutionTrace } from "./tracing.js";
-import { connectWebSocketTransport, type ConnectOptions } from "./transport.js";
+import { connectWebSocketTransport, RunnerConnectionError, type ConnectOptions } from "./transport.js";
 import {
   LIVE_LOGS_HEADER,
   type ExecuteResult,
@@ -34,6 +34,28 @@ export interface RunnerExecutorOptions
   timeoutBackstopMs?: number;
   /** `onLog` for every execution that does not pass its own (see `ExecutionOptions.onLog`). */
   onLog?: (line: string) => void;
+  /**
+   * A handshake refused as busy (503) or over a tenant's quota (429) is tried again up to this many
+   * times (default 0), after the runner's `Retry-After` (at most 30 s) or a doubling backoff from
+   * 250 ms. Nothing runs when a handshake is refused, so a retry never runs code twice.
+   */
+  retries?: number;
+}
+
+const RETRY_BACKOFF_MS = 250;
+const MAX_RETRY_WAIT_MS = 30_000;
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms);
+    function done(): void {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    }
+    signal.addEventListener("abort", done, { once: true });
+  });
 }
 
 interface Active {
@@ -162,7 +184,18 @@ export class RunnerExecutor implements Executor {
     const { url, connectTransport } = this.#options;
     if (connectTransport === undefined) {
       const headers = { ...this.#options.headers, ...traceHeaders, ...(liveLogs ? LIVE_LOGS_HEADER : {}) };
-      return await connectWebSocketTransport({ ...this.#options, url: url!, signal, headers });
+      for (let attempt = 0; ; attempt += 1) {
+        try {
+          return await connectWebSocketTransport({ ...this.#options, url: url!, signal, headers });
+        } catch (error) {
+          const retryable = error instanceof RunnerConnectionError && (error.status === 429 || error.status === 503);
+          if (!retryable || attempt >= (this.#options.retries ?? 0) || signal.aborted) {
+            throw error;
+          }
+          const waitMs = error.retryAfterSeconds !== undefined ? error.retryAfterSeconds * 1000 : RETRY_BACKOFF_MS * 2 ** attempt;
+          await abortableSleep(Math.min(waitMs, MAX_RETRY_WAIT_MS), signal);
+        }
+      }
     }
     // A caller's factory cannot be aborted: if the signal wins, close what it gives later.
     const opening = Promise.resolve().then(connectTransport);

@@ -345,3 +345,40 @@ describe("protocol violations and lost runners", () => {
     assert.equal(result.error.code, "internal_error");
   });
 });
+
+describe("retries", () => {
+  test("a 429 is retried after its Retry-After when asked to, and surfaces as a result when not", async () => {
+    let refusals = 1;
+    const runner = await startFakeRunner({
+      verifyClient: (_info, callback) => {
+        if (refusals > 0) {
+          refusals -= 1;
+          callback(false, 429, "Too Many Requests", { "Retry-After": "1" });
+          return;
+        }
+        callback(true);
+      },
+      onMessage: (message, socket) => {
+        if (message.type === "execute") {
+          send(socket, done(message.id, { result: 7 }));
+        }
+      },
+    });
+    try {
+      const plain = new RunnerExecutor({ url: runner.url });
+      const refused = await plain.execute("7", []);
+      assert.equal(refused.ok, false);
+      assert.match(refused.error.message, /429 Too Many Requests/);
+      refusals = 1;
+      const retrying = new RunnerExecutor({ url: runner.url, retries: 3 });
+      const startedAt = Date.now();
+      const result = await retrying.execute("7", []);
+      assert.equal(result.result, 7);
+      assert.ok(Date.now() - startedAt >= 900, "it waited for Retry-After");
+      await plain.dispose();
+      await retrying.dispose();
+    } finally {
+      await runner.stop();
+    }
+  });
+});
