@@ -24,6 +24,7 @@ TOKENS = """\
 acme-1  tenant=acme  max_sessions=2  memory_in_flight_bytes=100000000
 acme-2  tenant=acme
 globex-1  tenant=globex  executions_per_minute=3
+initech-1  tenant=initech  cpu_seconds_per_minute=1
 plain-token
 """
 
@@ -34,7 +35,7 @@ def test_the_tokens_file_names_tenants_and_their_quotas(tmp_path: Path) -> None:
     tenants = dict(read_tenants("inline-token", str(path)))
     assert tenants[b"acme-1"] == tenants[b"acme-2"] == Tenant("acme", 2, None, 100_000_000)
     assert tenants[b"globex-1"] == Tenant("globex", executions_per_minute=3)
-    assert tenants[b"inline-token"] == Tenant("token-0") and tenants[b"plain-token"] == Tenant("token-4")
+    assert tenants[b"inline-token"] == Tenant("token-0") and tenants[b"plain-token"] == Tenant("token-5")
 
 
 @pytest.mark.parametrize(
@@ -65,6 +66,13 @@ def test_the_ledger_refuses_past_each_quota_and_says_when_to_retry() -> None:
     assert (ledger.refusal("b", 0.0) or ("",))[0] == "memory_in_flight_bytes"
     ledger.execution_ended("b", 10)
     assert ledger.refusal("b", 0.0) is None and ledger.refusal("nobody", 0.0) is None
+    cpu = Ledger([Tenant("c", cpu_seconds_per_minute=2)])
+    assert cpu.counts_cpu and not ledger.counts_cpu
+    cpu.add_cpu("c", 1.5, 10.0)
+    assert cpu.refusal("c", 10.0) is None
+    cpu.add_cpu("c", 0.5, 11.0)
+    assert (cpu.refusal("c", 12.0) or ("",))[0] == "cpu_seconds_per_minute"
+    assert cpu.refusal("c", 70.5) is None  # the first sample has left the window
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +88,8 @@ def bearer(token: str) -> dict[str, object]:
 
 
 def refused(url: str, token: str) -> tuple[int, dict[str, str], dict[str, object]]:
-    with pytest.raises(InvalidStatus) as caught:
-        client(url, **bearer(token)).close()
+    with pytest.raises(InvalidStatus) as caught, client(url, **bearer(token)):
+        pass
     response = caught.value.response
     return response.status_code, dict(response.headers.raw_items()), json.loads(response.body)
 
@@ -139,6 +147,24 @@ def test_metrics_count_each_tenants_executions_by_name(daemon: Daemon) -> None:
     connection.request("GET", "/metrics", headers={"Authorization": "Bearer acme-1"})
     text = connection.getresponse().read().decode()
     connection.close()
-    assert 'execbox_tenant_executions_total{outcome="ok",tenant="token-3"}' in text
+    assert 'execbox_tenant_executions_total{outcome="ok",tenant="token-4"}' in text
     assert 'execbox_tenant_executions_total{outcome="error",tenant="acme"}' in text
     assert "acme-1" not in text and "plain-token" not in text
+
+
+def test_a_tenant_whose_guests_spent_its_cpu_minute_gets_429(daemon: Daemon) -> None:
+    result = Runner.connect(daemon.url, token="initech-1").execute_sync("while (true) {}", timeout_ms=1500)
+    assert result.error is not None and result.error.code == "timeout"
+    deadline = time.monotonic() + 10  # the workers' CPU is read once a second
+    while time.monotonic() < deadline:
+        try:
+            with client(daemon.url, **bearer("initech-1")):
+                pass
+        except InvalidStatus as exc:
+            body = json.loads(exc.response.body)
+            assert exc.response.status_code == 429 and body["quota"] == "cpu_seconds_per_minute", body
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("no 429 within 10 s of spending 1.5 s of CPU against a quota of 1 s a minute")
+    assert Runner.connect(daemon.url, token="acme-1").execute_sync("1").ok  # others are served

@@ -21,6 +21,7 @@ MAX_AUTO_SESSIONS: Final = 20_000
 # Descriptors kept for everything that is not a session (workers' channels, listeners, files).
 RESERVED_FDS: Final = 256
 PAGE_BYTES: Final = os.sysconf("SC_PAGE_SIZE")
+CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
 def memory_bytes() -> int:
@@ -102,3 +103,16 @@ def default_max_sessions(memory: int, open_files: int) -> int:
     """Sessions admitted by default: as many as memory and descriptors carry, within a sane cap."""
     by_memory = int(memory * BUDGET_SHARE) // SESSION_COST_BYTES
     return max(1, min(MAX_AUTO_SESSIONS, by_memory, open_files - RESERVED_FDS))
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) a process has spent; None once it is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            fields = os.read(fd, 1024).rsplit(b")", 1)[1].split()
+        finally:
+            os.close(fd)
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None

@@ -38,7 +38,7 @@ from ..exposure import is_loopback, read_tokens
 from ..worker import native
 from .config import Settings
 from .connection import Connection
-from .machine import raise_open_files, resident_bytes
+from .machine import cpu_seconds, raise_open_files, resident_bytes
 from .net.listeners import Acceptor, Listener, listen
 from .net.reactor import Reactor
 from .observability import logs, tracing
@@ -59,6 +59,7 @@ from .tenants import Ledger
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
+CPU_SAMPLE_INTERVAL_S = 1.0  # how often each tenant's workers' CPU is read, with CPU quotas
 # What a worker gets to finish an execution it was told to abort before it is killed (with its
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5
@@ -258,6 +259,8 @@ class Daemon:
         self._announce(listeners, scrapers)
         nursery.start_soon(self._sample_memory)
         nursery.start_soon(self._summarize_refusals)
+        if self.ledger.counts_cpu:
+            nursery.start_soon(self._sample_tenant_cpu)
         if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
             nursery.start_soon(self._publish_live_state)
         task_status.started((host, port))
@@ -416,6 +419,19 @@ class Daemon:
                     )
                     await trio.sleep(EVICT_SETTLE_S)
             await trio.sleep(MEMORY_SAMPLE_INTERVAL_S)
+
+    async def _sample_tenant_cpu(self) -> None:
+        """Once a second, what each tenant's workers spent since the last look, for the CPU quotas."""
+        seen: dict[int, float] = {}  # worker PID -> its CPU seconds at the last look
+        while True:
+            now, current = self.reactor.now(), {}
+            for worker in self.pool.workers:
+                spent = cpu_seconds(worker.pid)
+                if spent is not None and worker.tenant:
+                    current[worker.pid] = spent
+                    self.ledger.add_cpu(worker.tenant, spent - seen.get(worker.pid, 0.0), now)
+            seen = current
+            await trio.sleep(CPU_SAMPLE_INTERVAL_S)
 
     async def _summarize_refusals(self) -> None:
         """Once a second, one line per reason for the refusals a flood kept out of the log."""

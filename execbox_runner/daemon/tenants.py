@@ -15,7 +15,9 @@ Quotas, each per tenant and per daemon process (with ``--processes``, each shard
 
 - ``max_sessions``: sessions open at once;
 - ``executions_per_minute``: executions started in the last 60 s;
-- ``memory_in_flight_bytes``: the sum of the ``memoryLimitBytes`` of its executions running now.
+- ``memory_in_flight_bytes``: the sum of the ``memoryLimitBytes`` of its executions running now;
+- ``cpu_seconds_per_minute``: CPU its worker processes spent in the last 60 s, sampled each second
+  (its guests' CPU: it needs the tenant's own workers, so not with ``--share-workers-across-tokens``).
 
 A tenant at one of them gets ``429 Too Many Requests`` at the handshake, before any session
 exists, with ``Retry-After`` and a JSON body naming the quota (``Ledger.refusal``). Quotas are
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-QUOTAS: Final = ("max_sessions", "executions_per_minute", "memory_in_flight_bytes")
+QUOTAS: Final = ("max_sessions", "executions_per_minute", "memory_in_flight_bytes", "cpu_seconds_per_minute")
 WINDOW_S: Final = 60.0
 _NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -44,6 +46,7 @@ class Tenant:
     max_sessions: int | None = None
     executions_per_minute: int | None = None
     memory_in_flight_bytes: int | None = None
+    cpu_seconds_per_minute: int | None = None
 
 
 def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
@@ -97,6 +100,7 @@ class _Usage:
     sessions: int = 0
     started: deque[float] = field(default_factory=deque)  # when each execution of the window started
     memory: int = 0
+    cpu: deque[tuple[float, float]] = field(default_factory=deque)  # (when, CPU seconds) samples of the window
 
 
 class Ledger:
@@ -125,7 +129,28 @@ class Ledger:
         if tenant.memory_in_flight_bytes is not None and usage.memory >= tenant.memory_in_flight_bytes:
             limit = tenant.memory_in_flight_bytes
             return "memory_in_flight_bytes", 1.0, f"tenant {name}'s running executions hold their {limit} bytes"
+        if tenant.cpu_seconds_per_minute is not None:
+            while usage.cpu and usage.cpu[0][0] <= now - WINDOW_S:
+                usage.cpu.popleft()
+            if sum(seconds for _, seconds in usage.cpu) >= tenant.cpu_seconds_per_minute:
+                limit = tenant.cpu_seconds_per_minute
+                wait = usage.cpu[0][0] + WINDOW_S - now
+                return (
+                    "cpu_seconds_per_minute",
+                    max(wait, 1.0),
+                    f"tenant {name}'s guests spent {limit} s of CPU in the last minute",
+                )
         return None
+
+    @property
+    def counts_cpu(self) -> bool:
+        """Whether any tenant has a CPU quota (else no one samples its workers)."""
+        return any(tenant.cpu_seconds_per_minute is not None for tenant in self._quotas.values())
+
+    def add_cpu(self, name: str, seconds: float, now: float) -> None:
+        """CPU ``name``'s workers spent since the last sample."""
+        if (usage := self._usage.get(name)) is not None and seconds > 0:
+            usage.cpu.append((now, seconds))
 
     def session_opened(self, name: str) -> None:
         if (usage := self._usage.get(name)) is not None:
