@@ -124,10 +124,10 @@ class _Execution:
     logs: list[str]
     log_lines_left: int
     log_chars_left: int  # UTF-16 code units, as JavaScript counts them
-    pending: dict[str, tuple[int, float]]  # callId -> (worker call id, when the tool_call went out)
+    # callId -> (worker call id, when the tool_call went out, "provider.tool")
+    pending: dict[str, tuple[int, float, str]]
     issued: set[int]  # every worker call id seen, to refuse repeats
-    names: dict[str, str]  # callId -> "provider.tool"
-    calls: list[tuple[str, float, float | None]]  # callId, when its tool_call went out, when answered
+    calls: list[tuple[str, str, float, float | None]]  # callId, "provider.tool", sent, answered (or None)
     cancelled_at: float | None  # when the host's cancel came
     unknown_codes: list[str]  # failing tool_results' codes outside the stable set
 
@@ -144,6 +144,11 @@ class _Execution:
             kept.append(clipped)
         self.logs += kept
         return kept
+
+    def give_up_pending(self) -> None:
+        """The tool calls still awaiting their result will have none: kept as never answered."""
+        self.calls += [(call, name, sent_at, None) for call, (_, sent_at, name) in self.pending.items()]
+        self.pending.clear()
 
 
 class Session:
@@ -250,7 +255,6 @@ class Session:
             log_chars_left=max_log_chars,
             pending={},
             issued=set(),
-            names={},
             calls=[],
             cancelled_at=None,
             unknown_codes=[],
@@ -275,8 +279,8 @@ class Session:
         pending = ex.pending.pop(message.callId, None)
         if pending is None:
             return []  # unknown or already settled callId: ignored
-        call_id, sent_at = pending
-        ex.calls.append((message.callId, sent_at, now))
+        call_id, sent_at, name = pending
+        ex.calls.append((message.callId, name, sent_at, now))
         if message.ok:
             value = None if message.result is UNSET else bytes(message.result)
             return [SendToWorker(ipc.Settle(call_id=call_id, ok=True, value=value))]
@@ -334,8 +338,7 @@ class Session:
                 return logged + self.worker_lost(now, f"worker sent an invalid tool input ({exc})", misbehaved=True)
             ex.issued.add(call_id)
             call = f"call-{call_id}"
-            ex.pending[call] = (call_id, now)
-            ex.names[call] = f"{provider}.{tool}"
+            ex.pending[call] = (call_id, now, f"{provider}.{tool}")
             actions.append(
                 SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input)))
             )
@@ -391,8 +394,7 @@ class Session:
         """Cancel or timeout: ask the worker to unwind, answer after ``grace`` at most."""
         assert self._exec is not None
         self.phase = Phase.ABORTING
-        self._exec.calls += [(call, sent_at, None) for call, (_, sent_at) in self._exec.pending.items()]
-        self._exec.pending.clear()
+        self._exec.give_up_pending()
         self.deadline = now + grace
         return [SendToWorker(ipc.Abort())]
 
@@ -464,19 +466,19 @@ def _rejected(exec_id: str, code: ErrorCode, message: str) -> list[Action]:
 
 
 def _record(ex: _Execution, now: float, outcome: str, code: ErrorCode | None) -> ExecutionEnded:
-    unanswered = [(call, sent_at, None) for call, (_, sent_at) in ex.pending.items()]
+    ex.give_up_pending()  # the host went away, or the worker was lost, while they were awaited
     return ExecutionEnded(
         ex.id,
         outcome,
         code,
         now - ex.started_at,
         len(ex.issued),
-        tuple(answered - sent_at for _, sent_at, answered in ex.calls if answered is not None),
+        tuple(answered - sent_at for _, _, sent_at, answered in ex.calls if answered is not None),
         ex.code,
         tuple(ex.unknown_codes),
         tuple(
-            (call, ex.names[call], sent_at - ex.started_at, None if answered is None else answered - sent_at)
-            for call, sent_at, answered in ex.calls + unanswered
+            (call, name, sent_at - ex.started_at, None if answered is None else answered - sent_at)
+            for call, name, sent_at, answered in ex.calls
         ),
         None if ex.cancelled_at is None else ex.cancelled_at - ex.started_at,
     )
