@@ -243,14 +243,13 @@ class Connection:
         answer = endpoints.route(request, self.state, peer=self.peer)
         if answer is None and self.ws.eof_sent:
             answer = endpoints.bad_request("what followed the handshake request is not WebSocket frames")
-        if answer is None and self.state.tokens:
-            tenant = endpoints.tenant(request, self.state)
-            if (over := self.ledger.refusal(tenant, self._reactor.now())) is not None:
-                answer = endpoints.over_quota(tenant, *over, self.state, self.peer)
+        if answer is None:
+            self.tenant_name = endpoints.tenant(request, self.state)
+            if (over := self.ledger.refusal(self.tenant_name, self._reactor.now())) is not None:
+                answer = endpoints.over_quota(self.tenant_name, *over, self.state, self.peer)
         if answer is not None:  # health, readiness, or a refused session
             self._respond(answer)
             return
-        self.tenant_name = endpoints.tenant(request, self.state)
         self.tenant = "" if self.state.share_workers else self.tenant_name
         self.correlation_id = logs.correlation_id(request.headers)
         if self.state.traces is not None:
