@@ -30,8 +30,9 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
+
+from ..exposure import token_entries
 
 QUOTAS: Final = ("max_sessions", "executions_per_minute", "memory_in_flight_bytes", "cpu_seconds_per_minute")
 WINDOW_S: Final = 60.0
@@ -53,27 +54,21 @@ def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
     """Each accepted token and its tenant: ``inline`` tokens (comma-separated, no settings), then
     the lines of the file at ``path``. Raises ``ValueError`` naming the line at fault, OSError for
     a file that cannot be read."""
-    entries = [(token.strip(), "") for token in inline.split(",") if token.strip()]
-    if path:
-        for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-            if line.strip() and not line.strip().startswith("#"):
-                token, _, settings = line.strip().partition(" ")
-                entries.append((token, f"line {number}: {settings}"))
     named: dict[str, Tenant] = {}
     tenants: list[tuple[bytes, str]] = []
-    for index, (token, settings) in enumerate(entries):
-        tenant = _tenant(index, settings)
+    for index, (entry, where) in enumerate(token_entries(inline, path)):
+        token, _, settings = entry.partition(" ") if where else (entry, "", "")  # settings: the file's only
+        tenant = _tenant(index, where, settings)
         known = named.get(tenant.name)
         if known is None or (_has_quotas(tenant) and not _has_quotas(known)):
             named[tenant.name] = tenant
         elif _has_quotas(tenant) and tenant != known:
-            raise ValueError(f"{settings.partition(':')[0]}: tenant {tenant.name!r} has other quotas on another line")
+            raise ValueError(f"{where}: tenant {tenant.name!r} has other quotas on another line")
         tenants.append((token.encode(), tenant.name))
     return tuple((token, named[name]) for token, name in tenants)
 
 
-def _tenant(index: int, settings: str) -> Tenant:
-    where, _, text = settings.partition(": ")
+def _tenant(index: int, where: str, text: str) -> Tenant:
     values: dict[str, str | int] = {}
     for item in text.split():
         key, equals, value = item.partition("=")
