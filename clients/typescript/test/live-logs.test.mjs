@@ -5,7 +5,7 @@ import { after, before, describe, test } from "node:test";
 
 import { defineProvider, RunnerExecutor } from "../dist/index.js";
 import { startDaemon } from "./helpers/daemon.mjs";
-import { startFakeRunner } from "./helpers/fake-runner.mjs";
+import { startAnsweringRunner } from "./helpers/fake-runner.mjs";
 
 let daemon;
 
@@ -53,14 +53,7 @@ describe("onLog", () => {
   });
 
   test("a runner without live logs: every line once, from the done; the header was asked", async () => {
-    const runner = await startFakeRunner({
-      onMessage: (message, socket) => {
-        if (message.type === "execute") {
-          socket.send(JSON.stringify({ type: "started", id: message.id }));
-          socket.send(JSON.stringify({ type: "done", id: message.id, ok: true, durationMs: 1, logs: ["a", "b"], result: 1 }));
-        }
-      },
-    });
+    const runner = await startAnsweringRunner({ logs: ["a", "b"] });
     const seen = [];
     const executor = new RunnerExecutor({ url: runner.url });
     try {
@@ -75,13 +68,7 @@ describe("onLog", () => {
   });
 
   test("without onLog the handshake asks for nothing", async () => {
-    const runner = await startFakeRunner({
-      onMessage: (message, socket) => {
-        if (message.type === "execute") {
-          socket.send(JSON.stringify({ type: "done", id: message.id, ok: true, durationMs: 1, logs: [], result: 1 }));
-        }
-      },
-    });
+    const runner = await startAnsweringRunner();
     const executor = new RunnerExecutor({ url: runner.url });
     try {
       await executor.execute("1", []);

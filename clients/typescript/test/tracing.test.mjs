@@ -9,7 +9,7 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 
 import { defineProvider, RunnerExecutor } from "../dist/index.js";
 import { startDaemon } from "./helpers/daemon.mjs";
-import { startFakeRunner } from "./helpers/fake-runner.mjs";
+import { startAnsweringRunner } from "./helpers/fake-runner.mjs";
 
 const exporter = new InMemorySpanExporter();
 let daemon;
@@ -59,13 +59,7 @@ describe("tracing", () => {
 
   test("the runner gets the execution span's traceparent in the handshake", async () => {
     exporter.reset();
-    const runner = await startFakeRunner({
-      onMessage: (message, socket) => {
-        if (message.type === "execute") {
-          socket.send(JSON.stringify({ type: "done", id: message.id, ok: true, durationMs: 1, logs: [], result: 1 }));
-        }
-      },
-    });
+    const runner = await startAnsweringRunner();
     const executor = new RunnerExecutor({ url: runner.url });
     try {
       await executor.execute("1", []);

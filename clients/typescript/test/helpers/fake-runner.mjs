@@ -81,3 +81,18 @@ export async function waitFor(predicate, timeoutMs = 2_000) {
     await new Promise((resolve) => setTimeout(resolve, 5));
   }
 }
+
+/**
+ * A runner that answers every `execute` at once, with `started` and an ok `done` (result 1)
+ * holding `logs`, as a runner without live logs does.
+ */
+export function startAnsweringRunner({ logs = [] } = {}) {
+  return startFakeRunner({
+    onMessage: (message, socket) => {
+      if (message.type === "execute") {
+        socket.send(JSON.stringify({ type: "started", id: message.id }));
+        socket.send(JSON.stringify({ type: "done", id: message.id, ok: true, durationMs: 1, logs, result: 1 }));
+      }
+    },
+  });
+}
