@@ -32,6 +32,16 @@ RUNS = [
         ["--rounds", "4", "--spinners", "2"],
         [r"2 guests spinning", r"cancel, guest awaiting a tool +n=4 ", r"log kept in 1/1", r"timeout \(300 ms\)"],
     ),
+    (
+        "tenants.py",
+        ["--spinners", "4", "--spin-timeout", "500", "--executions", "6", "--rounds", "1"],
+        [
+            r"b alone +n=6 ",
+            r"b beside a +n=6 ",
+            r"b's p99 beside a / alone: [\d.]+x",
+            r"a's CPU .*: [\d.]+ of \d+ cores",
+        ],
+    ),
     ("parked.py", ["--n", "20", "--delay", "0.2"], [r"ok 20, refused \(503\) 0, failed 0", r"20 of 20 parked"]),
     (
         "throughput.py",

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, SupportsIndex
 
 import pytest
@@ -229,3 +230,53 @@ def test_a_run_of_tool_results_is_taken_in_one_step_and_nothing_moves_past_an_ab
         abort,
         [settles[2], settles[3]],
     ]
+
+
+def thread_ticks(pid: int) -> dict[str, int]:
+    """CPU clock ticks of each of the process's threads."""
+    ticks = {}
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            ticks[stat.parent.name] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def computing_threads(pid: int, samples: int = 50) -> float:
+    """The median number of the process's threads on a CPU or waiting for one (state R), over
+    ``samples`` looks 10 ms apart: a held guest waits off the CPU (state S), however many cores."""
+    counts = []
+    for _ in range(samples):
+        states = []
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            with contextlib.suppress(OSError):
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        counts.append(states.count("R"))
+        time.sleep(0.01)
+    return sorted(counts)[samples // 2]
+
+
+def test_a_share_holds_the_guests_computing_beyond_it_in_turns_but_never_a_short_step() -> None:
+    process, sock = start_worker("--max-memory", str(64 << 20), "--threads", "4")
+    with sock:
+        assert isinstance(receive(sock), ipc.Ready)
+        code = "console.log('spinning'); while (true) {}"
+        sock.sendall(b"".join(ipc.frame(slot, run_message(code, budget=30)) for slot in (1, 2)))
+        time.sleep(0.2)
+        both = computing_threads(process.pid)
+        sock.sendall(ipc.frame(0, ipc.Share(1)))
+        time.sleep(0.2)
+        before = thread_ticks(process.pid)
+        shared = computing_threads(process.pid)
+        after = thread_ticks(process.pid)
+        gained = sorted(after[tid] - before.get(tid, 0) for tid in after)
+        assert gained[-2] > 0.2 * gained[-1], gained  # both spinners had turns
+        sent = time.monotonic()
+        sock.sendall(ipc.frame(3, run_message("6 * 7", budget=30)))
+        assert receive(sock, 3) == ipc.Finished(True, b"42", None, "", [])  # not held: a short step
+        assert time.monotonic() - sent < 0.5
+        for slot in (1, 2):  # a held guest takes its abort at once, its log line kept
+            sock.sendall(ipc.frame(slot, ipc.Abort()))
+            assert receive(sock, slot) == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, ["spinning"])
+    process.wait(timeout=30)
+    assert (both, shared) == (2, 1)  # one guest computing at a time, in turns

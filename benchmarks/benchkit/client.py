@@ -26,13 +26,17 @@ IO_TIMEOUT_S: Final = 10.0  # any single socket operation; nothing may hang
 class BlockingClient:
     """A WebSocket connection to ``url``, open once built; every socket operation is bounded."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
+        """``token``: sent as ``Authorization: Bearer TOKEN`` (a daemon with tokens requires one)."""
         uri = parse_uri(url)
         self.ws = ClientProtocol(uri, max_size=None)
         self.sock = socket.create_connection((uri.host, uri.port), timeout=IO_TIMEOUT_S)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.eof = False
-        self.ws.send_request(self.ws.connect())
+        request = self.ws.connect()
+        if token is not None:
+            request.headers["Authorization"] = f"Bearer {token}"
+        self.ws.send_request(request)
         self.flush()
         for event in self.events():
             if isinstance(event, Response):
@@ -91,11 +95,13 @@ class BlockingClient:
         self.sock.close()
 
 
-def run_execution(url: str, exec_id: str, code: str) -> tuple[float, dict[str, Any] | None, str]:
+def run_execution(
+    url: str, exec_id: str, code: str, token: str | None = None
+) -> tuple[float, dict[str, Any] | None, str]:
     """One execution on a fresh connection, as a host does it, every ``tool_call`` answered at once
     with its input. Returns (seconds from connect to closed, the ``done`` or None, what went wrong)."""
     t0 = time.perf_counter()
-    client = BlockingClient(url)
+    client = BlockingClient(url, token)
     client.send(execute_message(exec_id, code))
     done: dict[str, Any] | None = None
     detail = ""

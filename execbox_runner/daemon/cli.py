@@ -96,6 +96,9 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     print(
         f"interrupting running guests: {'yes' if report['interrupt_running_guests'] else 'no (unresponsive workers are killed)'}"
     )
+    print(
+        f"holding running guests to a tenant's share: {'yes' if report['hold_running_guests'] else 'no (fair shares are not enforced)'}"
+    )
     print("protections:")
     for name, state in report["protections"].items():
         status = "enforced" if state["enforced"] else ("NOT ENFORCEABLE" if state["requested"] else "off")

@@ -126,7 +126,7 @@ HELP: dict[str, str] = {
     "max_output_bytes": "largest result or tool input (JSON bytes) an execution may send; larger: serialization_error",
     "max_timeout_ms": "largest timeoutMs an execute may ask for; larger: done validation_error",
     "max_memory_limit_bytes": "largest memoryLimitBytes an execute may ask for; larger: done validation_error",
-    "tokens_file": "existing file of accepted bearer tokens, one per line, each optionally with tenant=NAME and its quotas; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
+    "tokens_file": "existing file of accepted bearer tokens, one per line, each optionally with tenant=NAME, its quotas and its weight; sessions need 'Authorization: Bearer TOKEN' (else HTTP 401)",
     "tokens": "accepted bearer tokens, comma-separated (prefer the environment variable or --tokens-file)",
     "allow_unauthenticated": "serve a non-loopback address without tokens (refused otherwise)",
     "allowed_origins": "comma-separated Origin values allowed to open sessions; a handshake with any other Origin gets HTTP 403 (browsers send one, hosts do not)",

@@ -52,6 +52,7 @@ class HostReport(TypedDict):
     profile: str
     engine: str
     interrupt_running_guests: bool
+    hold_running_guests: bool
     quickjs: QuickJSReport
     protections: dict[str, dict[str, bool]]
     network_mechanism: str
@@ -104,6 +105,7 @@ def host_report(settings: Settings) -> HostReport:
         "profile": settings.profile,
         "engine": engine(),
         "interrupt_running_guests": native.SUPPORTED,
+        "hold_running_guests": native.HOLDS,
         "quickjs": {
             "version": importlib.metadata.version("quickjs-ng"),
             "tuned": native.NATIVE_BUDGET,

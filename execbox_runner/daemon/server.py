@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -38,7 +38,7 @@ from ..exposure import is_loopback, read_tokens
 from ..worker import native
 from .config import Settings
 from .connection import Connection
-from .machine import cpu_seconds, raise_open_files, resident_bytes
+from .machine import cpu_seconds, raise_open_files, resident_bytes, usable_cores
 from .net.listeners import Acceptor, Listener, listen
 from .net.reactor import Reactor
 from .observability import logs, tracing
@@ -55,7 +55,7 @@ from .report import (
     worker_capacity,
 )
 from .supervisor import is_shard, shard_count, shard_name
-from .tenants import Ledger
+from .tenants import Ledger, Tenant, shares
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
@@ -161,6 +161,18 @@ def record_directory(settings: Settings) -> Path | None:
     return directory
 
 
+def tenant_shares(
+    settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]
+) -> Callable[[Collection[str]], dict[str, int]] | None:
+    """How the pool shares the machine between the tenants with workers (``tenants.shares``):
+    None where tenants do not have workers of their own, or a worker runs one guest."""
+    if not tenants or settings.share_workers_across_tokens or settings.profile == "hardened":
+        return None
+    weights = {tenant.name: tenant.weight for _, tenant in tenants}
+    cores = max(1, usable_cores() // shard_count())
+    return lambda names: shares({name: weights.get(name, 1) for name in names}, cores)
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -181,6 +193,7 @@ class Daemon:
             worker_args=worker_arguments(settings),
             abandon_grace=ABANDON_GRACE_S,
             reactor=self.reactor,
+            shares=tenant_shares(settings, tenants),
         )
         self.record_dir = record_directory(settings)
         self.report = host_report(settings)
@@ -259,7 +272,7 @@ class Daemon:
         self._announce(listeners, scrapers)
         nursery.start_soon(self._sample_memory)
         nursery.start_soon(self._summarize_refusals)
-        if self.ledger.counts_cpu:
+        if self.tokens and not self.settings.share_workers_across_tokens:
             nursery.start_soon(self._sample_tenant_cpu)
         if self.state.metrics is not None and self.state.metrics.shared_dir is not None:
             nursery.start_soon(self._publish_live_state)
@@ -421,7 +434,8 @@ class Daemon:
             await trio.sleep(MEMORY_SAMPLE_INTERVAL_S)
 
     async def _sample_tenant_cpu(self) -> None:
-        """Once a second, what each tenant's workers spent since the last look, for the CPU quotas."""
+        """Once a second, what each tenant's workers spent since the last look: for the CPU quotas,
+        and ``execbox_tenant_cpu_seconds_total``."""
         seen: dict[int, float] = {}  # worker PID -> its CPU seconds at the last look
         while True:
             now, current = self.reactor.now(), {}
@@ -429,7 +443,10 @@ class Daemon:
                 spent = cpu_seconds(worker.pid)
                 if spent is not None and worker.tenant:
                     current[worker.pid] = spent
-                    self.ledger.add_cpu(worker.tenant, spent - seen.get(worker.pid, 0.0), now)
+                    delta = max(0.0, spent - seen.get(worker.pid, 0.0))
+                    self.ledger.add_cpu(worker.tenant, delta, now)
+                    if self.state.metrics is not None:
+                        self.state.metrics.tenant_cpu.labels(worker.tenant).inc(delta)
             seen = current
             await trio.sleep(CPU_SAMPLE_INTERVAL_S)
 

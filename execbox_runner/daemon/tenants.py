@@ -6,8 +6,8 @@ A line of the tokens file is a token, then optionally ``name=value`` settings::
     other-acme-token   tenant=acme
     s3cret-for-globex  tenant=globex  max_sessions=5
 
-Tokens of one tenant share its name and quotas (set on any of its lines; two lines that disagree
-are refused). A token without ``tenant=`` is a tenant of its own, named ``token-N`` after its
+Tokens of one tenant share its name, quotas and weight (set on any of its lines; two lines that
+disagree are refused). A token without ``tenant=`` is a tenant of its own, named ``token-N`` after its
 place among the tokens (as tokens were before names), with no quotas. Tenant names are labels in
 metrics and log lines, never the token: letters, digits, ``.``, ``_`` and ``-``, at most 64.
 
@@ -22,19 +22,24 @@ Quotas, each per tenant and per daemon process (with ``--processes``, each shard
 A tenant at one of them gets ``429 Too Many Requests`` at the handshake, before any session
 exists, with ``Retry-After`` and a JSON body naming the quota (``Ledger.refusal``). Quotas are
 judged when a session opens: the executions of a session already open count towards them.
+
+``weight`` (default 1) is the tenant's share of a busy machine against the other tenants': when
+several tenants have workers, each may run a number of guests at once in proportion to it
+(``shares``), which the pool gives its workers.
 """
 
 from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from ..exposure import token_entries
 
 QUOTAS: Final = ("max_sessions", "executions_per_minute", "memory_in_flight_bytes", "cpu_seconds_per_minute")
+SETTINGS: Final = (*QUOTAS, "weight")
 WINDOW_S: Final = 60.0
 _NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -48,6 +53,7 @@ class Tenant:
     executions_per_minute: int | None = None
     memory_in_flight_bytes: int | None = None
     cpu_seconds_per_minute: int | None = None
+    weight: int = 1  # its share of the CPU against the other tenants' (``shares``)
 
 
 def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
@@ -60,10 +66,10 @@ def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
         token, _, settings = entry.partition(" ") if where else (entry, "", "")  # settings: the file's only
         tenant = _tenant(index, where, settings)
         known = named.get(tenant.name)
-        if known is None or (_has_quotas(tenant) and not _has_quotas(known)):
+        if known is None or (_has_settings(tenant) and not _has_settings(known)):
             named[tenant.name] = tenant
-        elif _has_quotas(tenant) and tenant != known:
-            raise ValueError(f"{where}: tenant {tenant.name!r} has other quotas on another line")
+        elif _has_settings(tenant) and tenant != known:
+            raise ValueError(f"{where}: tenant {tenant.name!r} has other settings on another line")
         tenants.append((token.encode(), tenant.name))
     return tuple((token, named[name]) for token, name in tenants)
 
@@ -72,8 +78,8 @@ def _tenant(index: int, where: str, text: str) -> Tenant:
     values: dict[str, str | int] = {}
     for item in text.split():
         key, equals, value = item.partition("=")
-        if not equals or key not in ("tenant", *QUOTAS):
-            raise ValueError(f"{where}: {item!r} is not tenant=NAME or one of {', '.join(q + '=N' for q in QUOTAS)}")
+        if not equals or key not in ("tenant", *SETTINGS):
+            raise ValueError(f"{where}: {item!r} is not tenant=NAME or one of {', '.join(q + '=N' for q in SETTINGS)}")
         if key == "tenant":
             if not _NAME.fullmatch(value):
                 raise ValueError(f"{where}: tenant name {value!r} must be 1-64 letters, digits, '.', '_' or '-'")
@@ -88,6 +94,27 @@ def _tenant(index: int, where: str, text: str) -> Tenant:
 
 def _has_quotas(tenant: Tenant) -> bool:
     return any(getattr(tenant, quota) is not None for quota in QUOTAS)
+
+
+def _has_settings(tenant: Tenant) -> bool:
+    return _has_quotas(tenant) or tenant.weight != 1
+
+
+def shares(weights: Mapping[str, int], cores: int) -> dict[str, int]:
+    """How many of its guests each tenant may run at once, by name, while several tenants are
+    active (``weights``: theirs); none (empty) for a tenant alone, which takes what its workers'
+    threads allow.
+
+    The kernel shares the CPU between runnable threads alike (workers all run at one priority),
+    so a tenant's part of a busy machine is its part of the threads computing: each tenant may
+    compute on its weight's part of ``cores``, at least one thread. Tenants of equal weight then
+    split a saturated machine equally however many executions each runs, and one tenant's
+    spinning guests leave the others' short steps the cores it does not hold.
+    """
+    if len(weights) < 2:
+        return {}
+    total = sum(weights.values())
+    return {name: max(1, round(cores * weight / total)) for name, weight in weights.items()}
 
 
 @dataclass
@@ -136,11 +163,6 @@ class Ledger:
                     f"tenant {name}'s guests spent {limit} s of CPU in the last minute",
                 )
         return None
-
-    @property
-    def counts_cpu(self) -> bool:
-        """Whether any tenant has a CPU quota (else no one samples its workers)."""
-        return any(tenant.cpu_seconds_per_minute is not None for tenant in self._quotas.values())
 
     def add_cpu(self, name: str, seconds: float, now: float) -> None:
         """CPU ``name``'s workers spent since the last sample."""

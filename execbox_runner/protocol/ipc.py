@@ -69,6 +69,13 @@ class Measure(Struct, array_like=True, tag=4):
     """(Slot 0) Report the heap of every execution this worker hosts (``Heaps``)."""
 
 
+class Share(Struct, array_like=True, tag=5):
+    """(Slot 0) Run at most ``steps`` of this worker's executions at once (0: as many as it has
+    runner threads): its tenant's part of a machine shared with other tenants."""
+
+    steps: int
+
+
 class ToolCalls(Struct, array_like=True, tag=10):
     """Tool calls the guest made (``(call_id, provider, tool, input JSON or None)``)
     and log lines written since the last message."""
@@ -105,7 +112,7 @@ class Probed(Struct, array_like=True, tag=13):
     missing: list[str]
 
 
-ToWorker: TypeAlias = Run | Settle | Abort | Evict | Measure
+ToWorker: TypeAlias = Run | Settle | Abort | Evict | Measure | Share
 FromWorker: TypeAlias = ToolCalls | Finished | Ready | Probed | Heaps
 
 _encoder: Final = msgspec.msgpack.Encoder()

@@ -419,7 +419,23 @@ class GuestRun:
                 return False
             self.interrupt_requested = True
             native.poke(self.context)
+            native.let_go(self.context)  # a held guest takes the poke now, not at its next turn
             return True
+
+    def hold(self) -> bool:
+        """From another thread: make the guest code running now wait at its next interrupt check
+        until ``let_go`` (the worker's share, ``turns.py``). False once it is ending or asked to stop."""
+        with self._interrupt_lock:
+            if self.abort_taken.is_set() or self.interrupt_requested or self.finished is not None:
+                return False
+            native.hold(self.context)
+            return True
+
+    def let_go(self) -> None:
+        """From another thread: end ``hold``."""
+        with self._interrupt_lock:
+            if self.finished is None:  # else its runtime is gone, and nothing of it waits
+                native.let_go(self.context)
 
     def _interrupted(self) -> ipc.ToolCalls | ipc.Finished:
         """Stopped from another thread. At its deadline the worker ends the execution itself, as
@@ -554,6 +570,7 @@ class GuestRun:
         its lock, and refuses once the abort is taken.
         """
         self._stop_interrupts()
+        native.let_go(self.context)  # a hold that an engine call ended leaves its gate behind
         size = self.memory.release()
         del self.api, self.context
         if _shrinking.ended(size):

@@ -36,7 +36,8 @@ Workers run at a lower scheduling priority than the daemon: a storm of spinning
 guests cannot delay a ``done`` or a ``cancel``. The interrupter and the log pump
 keep the daemon's: they do little, and what they do (stop a guest at its
 deadline, hand its lines over) must not wait behind the guests of a busy
-machine. The main thread only waits for the channel to close.
+machine. So does the turns thread (``turns.py``), which holds the guests computing
+beyond the worker's share of a machine shared between tenants, in rotation. The main thread only waits for the channel to close.
 
 Usage (by the zygote, which calls ``run``; standalone only in tests):
 ``python -m execbox_runner.worker.loop FD [--no-sandbox] [--threads N]
@@ -64,11 +65,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ..protocol import ipc
-from . import sandbox
+from . import native, sandbox
 from .failure import BUDGET_MESSAGE
 from .guest import STACK_BYTES, TIMEOUT_MESSAGE, GuestRun, Runtime, fresh_runtime
 from .normalize import normalize
 from .prefault import Prefaulter
+from .turns import Turns
 
 POKE_INTERVAL_S: Final = 0.001
 POKE_ATTEMPTS: Final = 2000  # keep interrupting for up to ~2 s, until the abort is taken
@@ -277,6 +279,7 @@ class Worker:
         self.prefaulter: Prefaulter | None = None
         self.interrupter: Interrupter | None = None
         self.pump: LogPump | None = None
+        self.turns: Turns | None = None
         self.confined = threading.Event()  # set once the runners may start
         self.ended = threading.Lock()  # released when a runner ends on the channel's failure
         self.failure: BaseException | None = None
@@ -295,6 +298,8 @@ class Worker:
         threads = _Threads()
         self.interrupter = Interrupter(threads.start)
         self.pump = LogPump(self._send, threads.start)
+        if self.threads > 1 and native.HOLDS:  # a tenant's share of a machine (``Share``)
+            self.turns = Turns(threads.start)
         os.nice(NICENESS)  # a thread's own: this one's, and those it starts from here on
         if self.threads > 1:  # hardened: one execution per process, its heap never grows much
             self.prefaulter = Prefaulter()
@@ -414,10 +419,14 @@ class Worker:
 
         An Abort (or Evict) for a slot whose Run no runner has taken yet is answered here:
         nothing ran, nothing is to unwind, and the runners may all be busy with spinning
-        guests. So is a Measure: the heaps are read without stopping any guest.
+        guests. So is a Measure: the heaps are read without stopping any guest, and a Share.
         """
         if isinstance(message, ipc.Measure):
             self._send(0, ipc.Heaps(self._heaps()))
+            return
+        if isinstance(message, ipc.Share):
+            if self.turns is not None:
+                self.turns.share(message.steps)
             return
         poke = None
         stopping = isinstance(message, ipc.Abort | ipc.Evict)
@@ -573,13 +582,17 @@ class Worker:
     def _step(
         self, slot: int, guest: GuestRun, step: Callable[[], ipc.ToolCalls | ipc.Finished]
     ) -> ipc.ToolCalls | ipc.Finished:
-        """Run guest code, its log lines streamed meanwhile."""
+        """Run guest code, its log lines streamed meanwhile, taking turns with the others."""
         if self.pump is None:
             return step()
         self.pump.stepping(slot, guest)
+        if self.turns is not None:
+            self.turns.stepping(guest)
         try:
             return step()
         finally:
+            if self.turns is not None:
+                self.turns.stepped(guest)
             self.pump.stepped(slot)
 
     def _heaps(self) -> list[tuple[int, int]]:

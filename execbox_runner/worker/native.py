@@ -44,10 +44,12 @@ does not, the bootstrap keeps log lines until the worker polls them, as a step e
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Final
 
@@ -153,6 +155,8 @@ def _load_library() -> ctypes.CDLL | None:
         ]
         lib.JS_GetGlobalObject.restype = _JSValue
         lib.JS_GetGlobalObject.argtypes = [ctypes.c_void_p]
+        lib.JS_SetInterruptHandler.restype = None
+        lib.JS_SetInterruptHandler.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.JS_SetPropertyStr.restype = ctypes.c_int
         lib.JS_SetPropertyStr.argtypes = [ctypes.c_void_p, _JSValue, ctypes.c_char_p, _JSValue]
     except (OSError, AttributeError, ImportError):
@@ -194,6 +198,80 @@ def poke(context: quickjs.Context) -> None:
     if SUPPORTED:
         _word(context, _START).value = _FAR_PAST
         _word(context, _LIMIT).value = 0
+
+
+# QuickJS's interrupt handler: (JSRuntime *, void *opaque) -> nonzero to interrupt.
+_HANDLER: Final = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_RUNTIME_WORDS: Final = 512  # where in JSRuntime its interrupt handler is looked for
+_gates: dict[int, threading.Event] = {}  # runtime -> what its held guest waits on (``hold``)
+
+
+def _interrupt_handler() -> Callable[[int, int], int] | None:
+    """The binding's own interrupt handler, and where JSRuntime keeps it: found while a guest
+    spins on another thread (the binding sets the handler, with the context's interrupt data as
+    its opaque, around each engine call), then confirmed by ``JS_SetInterruptHandler`` moving
+    exactly those words."""
+    assert _lib is not None
+    context = quickjs.Context()
+    context.set_time_limit(60)
+    runtime = _word(context, _RUNTIME).value
+    words = (ctypes.c_uint64 * _RUNTIME_WORDS).from_address(runtime)
+    opaque = id(context) + _START
+    spinning = threading.Thread(target=_spin, args=(context,))
+    spinning.start()
+    found: list[int] = []
+    deadline = time.monotonic() + 5
+    while not found and spinning.is_alive() and time.monotonic() < deadline:
+        found = [i for i in range(1, _RUNTIME_WORDS) if words[i] == opaque]
+    handler = int(words[found[0] - 1]) if len(found) == 1 else 0
+    while spinning.is_alive():
+        poke(context)
+        spinning.join(0.01)
+    if not handler:
+        return None
+    _lib.JS_SetInterruptHandler(runtime, 0x5151, 0x7272)
+    moved = (words[found[0] - 1], words[found[0]]) == (0x5151, 0x7272)
+    _lib.JS_SetInterruptHandler(runtime, None, None)
+    return _HANDLER(handler) if moved else None
+
+
+def _spin(context: quickjs.Context) -> None:
+    with contextlib.suppress(quickjs.JSException):
+        context.eval("for (;;) {}")
+
+
+def _held(runtime: int, opaque: int) -> int:
+    """The interrupt handler of a held guest: wait to be let go, then check as the binding does."""
+    gate = _gates.get(runtime)
+    if gate is not None:
+        gate.wait()
+    assert _binding_handler is not None
+    return _binding_handler(runtime, opaque)
+
+
+_HELD: Final = _HANDLER(_held)
+
+
+def hold(context: quickjs.Context) -> None:
+    """Make the context's running guest code wait at its next interrupt check (within
+    microseconds) until ``let_go``, from another thread, the GIL released meanwhile.
+
+    Only while the context is alive, and never after its last engine call (``GuestRun`` sees
+    to both). An engine call that begins meanwhile puts the binding's handler back: the hold
+    ends with it, and is made again."""
+    if _binding_handler is not None:
+        runtime = _word(context, _RUNTIME).value
+        _gates.setdefault(runtime, threading.Event())
+        _lib.JS_SetInterruptHandler(runtime, _HELD, id(context) + _START)  # type: ignore[union-attr]
+
+
+def let_go(context: quickjs.Context) -> None:
+    """End ``hold``: the binding's handler back, then the guest woken."""
+    runtime = _word(context, _RUNTIME).value
+    gate = _gates.pop(runtime, None)
+    if gate is not None:
+        _lib.JS_SetInterruptHandler(runtime, _binding_handler, id(context) + _START)  # type: ignore[union-attr]
+        gate.set()
 
 
 class NativeError(Exception):
@@ -305,6 +383,9 @@ def budgets_memory() -> bool:
 
 # Whether ``share`` works (see the module docstring).
 SHARES: Final = SUPPORTED and _shares()
+_binding_handler: Final = _interrupt_handler() if SUPPORTED else None
+# Whether ``hold`` holds guests (else a worker's share of the CPU is not enforced).
+HOLDS: Final = _binding_handler is not None
 
 
 def budget_in_c() -> bool:

@@ -169,6 +169,12 @@ class Metrics:
             ["tenant", "outcome"],
             registry=self.registry,
         )
+        self.tenant_cpu = Counter(
+            "execbox_tenant_cpu_seconds",
+            "CPU the worker processes of each tenant spent (its guests' CPU), sampled each second.",
+            ["tenant"],
+            registry=self.registry,
+        )
         # Each (outcome, code)'s counter, as ``labels`` makes it once (it checks the labels every call).
         self._by_outcome: dict[tuple[str, str], Counter] = {}
         self.tool_latency = Histogram(

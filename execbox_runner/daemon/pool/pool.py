@@ -39,6 +39,7 @@ from ...protocol import ipc
 from ..machine import usable_cores
 from ..net.reactor import Reactor
 from . import reaper
+from .sharing import REVIEW_S, Shares, Sharing
 from .worker import (
     READY_TIMEOUT_S,
     STOPPED,
@@ -74,7 +75,11 @@ class WorkerPool:
         worker_args: list[str],
         abandon_grace: float,
         reactor: Reactor,
+        shares: Shares | None = None,
     ) -> None:
+        """``shares``: how many guests each of the named active tenants may run at once
+        (``sharing.py``); None: workers do not share a machine between tenants, or each runs
+        one guest."""
         # A worker start (fork, confinement, first runtime) costs milliseconds of CPU: under
         # a burst, starting one per waiting execution at once would starve the executions
         # of the CPU they wait for.
@@ -86,6 +91,7 @@ class WorkerPool:
         self.max_frame = max_frame
         self.abandon_grace = abandon_grace
         self.reactor = reactor  # reads the workers' channels and batches what is written to them
+        self.sharing = Sharing(shares) if shares is not None else None
         self.zygote = ZygoteClient(worker_args)
         self.workers: set[Worker] = set()
         self.starting = 0  # worker starts under way
@@ -107,6 +113,8 @@ class WorkerPool:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(reaper.reap_on_exits, self.zygote.owned, self.zygote.exited)
+            if self.sharing is not None:
+                nursery.start_soon(self._review_shares)
             try:
                 await self.zygote.start(nursery)
                 self._top_up()
@@ -288,6 +296,7 @@ class WorkerPool:
                 worker.pidfd = -1
             worker.gone.set()
             self.workers.discard(worker)
+            self._share_out()
             self._wake_spawner.set()
         with trio.CancelScope(shield=True):  # bounded: a pool that stops meanwhile still learns it
             status, cpu_limit = await self.zygote.exit_status(worker.pid)
@@ -349,10 +358,22 @@ class WorkerPool:
             return None
         worker = min(candidates, key=lambda w: len(w.leases))
         lease = worker.lease()
+        if self.sharing is not None and tenant not in self.sharing.active:
+            self._share_out()  # the tenant is active from now: its Share goes before its Run
         if worker.started >= self.lifetime:
             worker.retiring = "retired"
             self._wake_spawner.set()
         return lease
+
+    def _share_out(self) -> None:
+        if self.sharing is not None:
+            self.sharing.share_out(self.workers, trio.current_time())
+
+    async def _review_shares(self) -> None:
+        """Tenants that stopped being active leave the sharing within ``REVIEW_S``."""
+        while True:
+            await trio.sleep(REVIEW_S)
+            self._share_out()
 
     def _serve_waiting(self) -> None:
         """There may be room: lease it to the executions waiting, oldest first, while there is.
