@@ -202,7 +202,6 @@ def poke(context: quickjs.Context) -> None:
 
 # QuickJS's interrupt handler: (JSRuntime *, void *opaque) -> nonzero to interrupt.
 _HANDLER: Final = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-_RUNTIME_WORDS: Final = 512  # where in JSRuntime its interrupt handler is looked for
 _gates: dict[int, threading.Event] = {}  # runtime -> what its held guest waits on (``hold``)
 
 
@@ -215,14 +214,20 @@ def _interrupt_handler() -> Callable[[int, int], int] | None:
     context = quickjs.Context()
     context.set_time_limit(60)
     runtime = _word(context, _RUNTIME).value
-    words = (ctypes.c_uint64 * _RUNTIME_WORDS).from_address(runtime)
+    try:
+        usable = ctypes.CDLL(None).malloc_usable_size
+    except AttributeError:
+        return None
+    usable.restype, usable.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    size = usable(runtime) // 8  # JSRuntime's words, read no further
+    words = (ctypes.c_uint64 * size).from_address(runtime)
     opaque = id(context) + _START
     spinning = threading.Thread(target=_spin, args=(context,))
     spinning.start()
     found: list[int] = []
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 1
     while not found and spinning.is_alive() and time.monotonic() < deadline:
-        found = [i for i in range(1, _RUNTIME_WORDS) if words[i] == opaque]
+        found = [i for i in range(1, size) if words[i] == opaque]
     handler = int(words[found[0] - 1]) if len(found) == 1 else 0
     while spinning.is_alive():
         poke(context)
