@@ -15,8 +15,9 @@ import pytest
 
 from execbox_runner.client import Runner
 from execbox_runner.daemon.machine import usable_cores
-from execbox_runner.daemon.pool.sharing import ACTIVE_S
+from execbox_runner.daemon.pool.sharing import ACTIVE_S, Sharing
 from execbox_runner.daemon.tenants import Tenant, read_tenants, shares
+from execbox_runner.protocol import ipc
 
 from .daemonkit import Daemon, client, run_to_done, running_daemon
 
@@ -29,6 +30,36 @@ def test_shares_split_the_cores_by_weight_and_leave_a_lone_tenant_alone() -> Non
     assert shares({"a": 1, "b": 1}, 8) == {"a": 4, "b": 4}
     assert shares({"a": 1, "b": 3}, 8) == {"a": 2, "b": 6}
     assert shares({"a": 1, "b": 1, "c": 1}, 2) == {"a": 1, "b": 1, "c": 1}  # at least one each
+
+
+class FakeWorker:
+    """What ``Sharing`` reads and drives of a worker."""
+
+    def __init__(self, tenant: str, leases: int) -> None:
+        self.tenant, self.alive, self.idle_since, self.share = tenant, True, -100.0, 0
+        self.leases = dict.fromkeys(range(leases))
+        self.sent: list[ipc.ToWorker] = []
+
+    def send(self, slot: int, message: ipc.ToWorker) -> None:
+        assert slot == 0
+        self.sent.append(message)
+
+
+def test_the_pool_tells_each_active_tenants_workers_its_part_and_only_when_it_changes() -> None:
+    weights = {"heavy": 3, "light": 1, "idle": 1}
+    sharing = Sharing(lambda names: shares({name: weights[name] for name in names}, 8))
+    heavy = [FakeWorker("heavy", 1), FakeWorker("heavy", 1)]
+    light, idle = FakeWorker("light", 1), FakeWorker("idle", 0)  # idle: no execution for long
+    workers = [*heavy, light, idle]
+    sharing.share_out(workers, now=0.0)  # type: ignore[arg-type]
+    assert sharing.active == {"heavy", "light"}
+    assert [w.sent for w in workers] == [[ipc.Share(3)], [ipc.Share(3)], [ipc.Share(2)], []]  # 6 split, 2
+    sharing.share_out(workers, now=0.5)  # type: ignore[arg-type]
+    assert [len(w.sent) for w in workers] == [1, 1, 1, 0]  # nothing changed, nothing sent
+    light.leases.clear()
+    light.idle_since = 0.5
+    sharing.share_out(workers, now=0.5 + ACTIVE_S)  # type: ignore[arg-type]
+    assert sharing.active == {"heavy"} and heavy[0].sent[-1] == light.sent[-1] == ipc.Share(0)  # alone
 
 
 def test_the_tokens_file_sets_a_weight(tmp_path: Path) -> None:
@@ -126,7 +157,7 @@ def test_another_tenants_spinning_guests_leave_short_executions_their_latency(da
 
 def test_a_heavier_tenant_gets_more_of_a_busy_machine(tmp_path: Path) -> None:
     """Weights 3 and 1, both tenants spinning more guests than there are cores: the heavier one's
-    guests get more of the CPU (3:1 of the cores, rounded to whole guests: 2:1 on 2 cores)."""
+    guests get more of the CPU (3:1 of the cores, in whole guests: 2 against 1 on 2 cores)."""
     path = tmp_path / "tokens"
     path.write_text("token-h tenant=heavy weight=3\ntoken-l tenant=light\n")
     spinners = 2 * usable_cores() + 2
@@ -148,4 +179,6 @@ def test_a_heavier_tenant_gets_more_of_a_busy_machine(tmp_path: Path) -> None:
         time.sleep(1.5)  # the daemon reads its workers' CPU once a second
         after = tenant_cpu(started, "token-h")
     heavy, light = (after[name] - before.get(name, 0.0) for name in ("heavy", "light"))
-    assert heavy > 1.5 * light, (heavy, light)  # equal without weights
+    # About 1.5 on 2 cores (2 guests against 1: the kernel places 3 threads on 2 cores unevenly),
+    # 3 on a machine of 4 or more; equal weights give 1.
+    assert heavy > 1.2 * light, (heavy, light)

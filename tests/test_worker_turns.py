@@ -4,6 +4,7 @@ steps while another stands by, which takes the lead when a step turns long."""
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from execbox_runner.protocol import ipc
 from execbox_runner.worker import guest, loop
 from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun, Runtime
 from execbox_runner.worker.loop import TURN_CHECK_S, Hosted, Runner, Worker, _batched
+from execbox_runner.worker.turns import LONG_S, QUANTUM_S, Turns
 
 from .guestkit import run_message
 from .test_sandbox import receive, receive_any, start_worker
@@ -232,8 +234,19 @@ def test_a_run_of_tool_results_is_taken_in_one_step_and_nothing_moves_past_an_ab
     ]
 
 
-def thread_ticks(pid: int) -> dict[str, int]:
-    """CPU clock ticks of each of the process's threads."""
+def switches(pid: int) -> dict[str, int]:
+    """Each of the process's threads: how often it has left the CPU of its own accord. A guest
+    computing never does; a held guest does each time it is held (it waits off the CPU), however
+    many cores and however busy the machine."""
+    counts = {}
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError):
+            line = next(line for line in status.read_text().splitlines() if line.startswith("voluntary_ctxt"))
+            counts[status.parent.name] = int(line.split()[1])
+    return counts
+
+
+def cpu_ticks_of_threads(pid: int) -> dict[str, int]:
     ticks = {}
     for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
         with contextlib.suppress(OSError):
@@ -242,35 +255,22 @@ def thread_ticks(pid: int) -> dict[str, int]:
     return ticks
 
 
-def computing_threads(pid: int, samples: int = 50) -> float:
-    """The median number of the process's threads on a CPU or waiting for one (state R), over
-    ``samples`` looks 10 ms apart: a held guest waits off the CPU (state S), however many cores."""
-    counts = []
-    for _ in range(samples):
-        states = []
-        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-            with contextlib.suppress(OSError):
-                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
-        counts.append(states.count("R"))
-        time.sleep(0.01)
-    return sorted(counts)[samples // 2]
-
-
 def test_a_share_holds_the_guests_computing_beyond_it_in_turns_but_never_a_short_step() -> None:
     process, sock = start_worker("--max-memory", str(64 << 20), "--threads", "4")
     with sock:
         assert isinstance(receive(sock), ipc.Ready)
         code = "console.log('spinning'); while (true) {}"
         sock.sendall(b"".join(ipc.frame(slot, run_message(code, budget=30)) for slot in (1, 2)))
-        time.sleep(0.2)
-        both = computing_threads(process.pid)
+        time.sleep(0.1)
+        first, before = cpu_ticks_of_threads(process.pid), switches(process.pid)
+        time.sleep(0.5)
+        then, unshared = cpu_ticks_of_threads(process.pid), switches(process.pid)
+        # The guests' threads: computing all along, never leaving the CPU of their own accord.
+        spinners = [tid for tid in then if then[tid] > first.get(tid, then[tid]) and unshared[tid] == before.get(tid)]
+        assert len(spinners) == 2, (first, then, before, unshared)
         sock.sendall(ipc.frame(0, ipc.Share(1)))
-        time.sleep(0.2)
-        before = thread_ticks(process.pid)
-        shared = computing_threads(process.pid)
-        after = thread_ticks(process.pid)
-        gained = sorted(after[tid] - before.get(tid, 0) for tid in after)
-        assert gained[-2] > 0.2 * gained[-1], gained  # both spinners had turns
+        time.sleep(0.5)
+        shared = switches(process.pid)
         sent = time.monotonic()
         sock.sendall(ipc.frame(3, run_message("6 * 7", budget=30)))
         assert receive(sock, 3) == ipc.Finished(True, b"42", None, "", [])  # not held: a short step
@@ -279,4 +279,45 @@ def test_a_share_holds_the_guests_computing_beyond_it_in_turns_but_never_a_short
             sock.sendall(ipc.frame(slot, ipc.Abort()))
             assert receive(sock, slot) == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, ["spinning"])
     process.wait(timeout=30)
-    assert (both, shared) == (2, 1)  # one guest computing at a time, in turns
+    # Held in turns (how often each depends on the CPU it gets: see the rotation's own test below).
+    assert sum(shared[tid] - unshared[tid] for tid in spinners) >= 4, [shared[t] - unshared[t] for t in spinners]
+
+
+class FakeGuest:
+    """What ``Turns`` asks of a guest: to be held and let go."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def hold(self) -> bool:
+        self.held = True
+        return True
+
+    def let_go(self) -> None:
+        self.held = False
+
+
+def test_turns_hold_the_surplus_in_rotation_and_let_all_go_when_the_share_is_lifted() -> None:
+    turns = Turns(lambda run: None)  # no thread: each look is made here, at chosen times
+    guests = [FakeGuest() for _ in range(3)]
+    first = time.monotonic()
+    for fake in guests:
+        turns.stepping(fake)  # type: ignore[arg-type]
+    last = time.monotonic()
+    turns.share(1)
+    assert first + LONG_S <= turns._turn(last) <= last + LONG_S  # none computing yet: look as they turn long
+    computing: list[int] = []
+    now = last + LONG_S
+    for look in range(6):
+        next_look = turns._turn(now)
+        assert next_look == now + QUANTUM_S
+        running = [index for index, fake in enumerate(guests) if not fake.held]
+        assert len(running) == 1, (look, running)
+        computing += running
+        now = next_look
+    assert sorted(computing) == [0, 0, 1, 1, 2, 2]  # each in turn, a quantum at a time
+    turns.stepped(guests[computing[-1]])  # type: ignore[arg-type]  # it ends its step: another takes the turn
+    turns._turn(now)
+    assert sum(not fake.held for fake in guests) == 2  # the ended one is let go too, and one more
+    turns.share(0)
+    assert turns._turn(now) == math.inf and not any(fake.held for fake in guests)
