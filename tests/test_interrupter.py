@@ -7,7 +7,7 @@ import time
 from typing import Any, cast
 
 from execbox_runner.worker.guest import GuestRun
-from execbox_runner.worker.loop import Interrupter
+from execbox_runner.worker.interrupter import Interrupter
 
 
 class StandIn:

@@ -4,7 +4,7 @@ the worker both reach.
 A guest's ``console.log`` runs inside the engine, where no Python can be called while a time
 limit is set, and a guest that then spins never returns to the worker. So the bootstrap writes each
 line into this ring as it is logged, an ArrayBuffer over memory the worker owns, and the worker
-reads the ring from another thread while the guest runs (``loop.LogPump``), and again as each step
+reads the ring from another thread while the guest runs (``logpump.LogPump``), and again as each step
 ends. Whoever ends an execution, the worker or the daemon, at a deadline, on a cancel, for memory
 or because the worker died, then has every line written until a few milliseconds before.
 

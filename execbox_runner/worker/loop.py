@@ -23,13 +23,11 @@ at once: with all the others busy with spinning guests, the last one still
 reads the channel.
 
 An ``Abort`` for a slot whose guest code is running is also given to the
-interrupter thread, which pokes that runtime (``native.py``) until the guest
-has unwound. A guest's log lines leave the worker as they are written: the log
-pump thread reads the rings of guests in a step (``logring.py``) every
-``PUMP_INTERVAL_S`` and sends what it finds, so the daemon has them even if it
-ends the execution first, or the worker dies. The interrupter
-also stops every guest still running at its wall-clock deadline, so the worker
-enforces ``timeoutMs`` itself as well as the daemon. In the standard profile
+interrupter thread (``interrupter.py``), which pokes that runtime until the guest
+has unwound; it also stops every guest still running at its wall-clock deadline,
+so the worker enforces ``timeoutMs`` itself as well as the daemon. A guest's log
+lines leave the worker as they are written, sent by the log pump thread
+(``logpump.py``). In the standard profile
 a prefault thread (``prefault.py``) faults in the heap's new pages as it grows,
 so that a burst of executions does not pay for them a page fault at a time.
 Workers run at a lower scheduling priority than the daemon: a storm of spinning
@@ -37,7 +35,8 @@ guests cannot delay a ``done`` or a ``cancel``. The interrupter and the log pump
 keep the daemon's: they do little, and what they do (stop a guest at its
 deadline, hand its lines over) must not wait behind the guests of a busy
 machine. So does the turns thread (``turns.py``), which holds the guests computing
-beyond the worker's share of a machine shared between tenants, in rotation. The main thread only waits for the channel to close.
+beyond the worker's share of a machine shared between tenants, in rotation. The
+main thread only waits for the channel to close.
 
 Usage (by the zygote, which calls ``run``; standalone only in tests):
 ``python -m execbox_runner.worker.loop FD [--no-sandbox] [--threads N]
@@ -49,9 +48,6 @@ from __future__ import annotations
 import _thread
 import argparse
 import collections
-import functools
-import heapq
-import itertools
 import math
 import os
 import signal
@@ -59,7 +55,6 @@ import socket
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -68,12 +63,12 @@ from ..protocol import ipc
 from . import native, sandbox
 from .failure import BUDGET_MESSAGE
 from .guest import STACK_BYTES, TIMEOUT_MESSAGE, GuestRun, Runtime, fresh_runtime
+from .interrupter import Interrupter
+from .logpump import LogPump
 from .normalize import normalize
 from .prefault import Prefaulter
 from .turns import Turns
 
-POKE_INTERVAL_S: Final = 0.001
-POKE_ATTEMPTS: Final = 2000  # keep interrupting for up to ~2 s, until the abort is taken
 # Threads share the GIL between engine calls; the default 5 ms switch interval would eat the abort grace.
 SWITCH_INTERVAL_S: Final = 0.0002
 # Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
@@ -84,9 +79,6 @@ DEFAULT_THREADS: Final = 16
 # Then it takes the lead: a spinning guest delays its neighbours by about this much.
 TURN_CHECK_S: Final = 0.001
 _READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
-# How often the log pump reads the rings of guests in a step: a line written reaches the daemon about
-# this much later at most, on an idle machine (a step's last lines go with its report, at once).
-PUMP_INTERVAL_S: Final = 0.002
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
 
@@ -102,118 +94,6 @@ class Hosted:
     mailbox: list[ipc.ToWorker] = field(default_factory=list)
     scheduled: bool = False  # a runner thread owns this slot until its mailbox is empty
     aborting: bool = False
-
-
-class Interrupter:
-    """A thread that pokes guests until each has taken its abort (or ~2 s passed): those asked
-    to abort, and those still running at their deadline."""
-
-    def __init__(self, start: Callable[[Callable[[], None]], None] | None = None) -> None:
-        """``start`` starts the thread (a new ``threading.Thread`` if None)."""
-        self._pending: dict[GuestRun, int] = {}
-        # A heap of (deadline, sequence, guest): weak, so that an ended execution's runtime is freed
-        # at once, and never by id(), which a later guest can reuse.
-        self._deadlines: list[tuple[float, int, weakref.ref[GuestRun]]] = []
-        self._sequence = itertools.count()
-        self._wake = threading.Condition()
-        (start or _thread_of)(self._run)
-
-    def request(self, guest: GuestRun) -> None:
-        with self._wake:
-            self._pending.setdefault(guest, POKE_ATTEMPTS)
-            self._wake.notify()
-
-    def watch(self, guest: GuestRun) -> None:
-        """Stop ``guest`` at its deadline if it is still running then. The thread is woken only
-        when this deadline comes first: it already sleeps until the earliest one (a wake-up per
-        execution would cost a thread switch each)."""
-        with self._wake:
-            earliest = self._deadlines[0][0] if self._deadlines else math.inf
-            heapq.heappush(self._deadlines, (guest.deadline, next(self._sequence), weakref.ref(guest)))
-            if guest.deadline < earliest:
-                self._wake.notify()
-
-    def forget(self, guest: GuestRun) -> None:
-        with self._wake:
-            self._pending.pop(guest, None)
-
-    def _due(self) -> float | None:
-        """Move guests whose deadline passed to the pokes; seconds until the next deadline of a
-        guest that has not finished.
-
-        Finished guests are dropped on the way: the thread then sleeps until the deadline of the
-        oldest execution still going, not until each finished one's (a wake-up per execution).
-        """
-        now = time.monotonic()
-        while self._deadlines:
-            deadline, _, ref = self._deadlines[0]
-            guest = ref()
-            if guest is not None and guest.finished is None:
-                if deadline > now:
-                    return deadline - now
-                self._pending.setdefault(guest, POKE_ATTEMPTS)
-            heapq.heappop(self._deadlines)
-        return None
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._pending:
-                    self._wake.wait(self._due())
-                    self._due()
-                pending = list(self._pending.items())
-            done = [guest for guest, left in pending if left <= 0 or not guest.interrupt()]
-            time.sleep(POKE_INTERVAL_S)
-            with self._wake:
-                for guest, _ in pending:
-                    if guest in done or guest.abort_taken.is_set():
-                        self._pending.pop(guest, None)
-                    elif guest in self._pending:
-                        self._pending[guest] -= 1
-
-
-class LogPump:
-    """A thread that sends the log lines of guests in a step while they run (see the module docstring).
-
-    It wakes only while a step runs, every ``PUMP_INTERVAL_S``: a step that ends first reports its
-    lines itself."""
-
-    def __init__(
-        self, send: Callable[[int, ipc.FromWorker], None], start: Callable[[Callable[[], None]], None] | None = None
-    ) -> None:
-        """``start`` as for ``Interrupter``."""
-        self._send = send
-        self._stepping: dict[int, GuestRun] = {}  # slot -> its guest, while a runner runs a step of it
-        self._wake = threading.Condition(threading.Lock())
-        (start or _thread_of)(self._run)
-
-    def stepping(self, slot: int, guest: GuestRun) -> None:
-        with self._wake:
-            self._stepping[slot] = guest
-            if len(self._stepping) == 1:
-                self._wake.notify()
-
-    def stepped(self, slot: int) -> None:
-        with self._wake:
-            del self._stepping[slot]
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._stepping:
-                    self._wake.wait()
-            time.sleep(PUMP_INTERVAL_S)
-            with self._wake:
-                stepping = list(self._stepping.items())
-            for slot, guest in stepping:
-                guest.stream(functools.partial(self._report, slot))
-
-    def _report(self, slot: int, lines: list[str]) -> None:
-        self._send(slot, ipc.ToolCalls(calls=[], logs=lines))
-
-
-def _thread_of(target: Callable[[], None]) -> None:
-    threading.Thread(target=target, daemon=True).start()
 
 
 class _Threads:
