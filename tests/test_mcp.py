@@ -474,17 +474,16 @@ def test_a_tool_named_in_approve_asks_the_user_through_elicitation(daemon: Daemo
             result = await client.call_tool("execute_code", {"code": APPROVAL_CODE})
             return json.loads(result.content[0].text)
 
-    # A client of the initialize handshake (today's MCP clients): the server asks it.
-    body = run(lambda: main("legacy"))
-    assert body["ok"], body
-    assert body["result"]["results"] == [
-        {"result": "removed /tmp/a"},
-        "Tool up.remove-file was not approved: the user declined",
-        "Tool up.remove-file was not approved: the user refused",
-    ]
-    assert body["result"]["removed"] == {"result": ["/tmp/a"]}  # refused calls never reached the server
-    assert len(asked) == 3 and 'up.remove-file({"path": "/tmp/a"})' in asked[0]  # removed_files needs no approval
-    # A client of the stateless protocol has no channel for the question: every such call is refused.
-    body = run(lambda: main("auto"))
-    assert all("could not be asked" in result for result in body["result"]["results"]), body
-    assert body["result"]["removed"] == {"result": []}
+    # A client of the initialize handshake is asked mid-call; one of the stateless protocol is asked
+    # in rounds (input_required), the program waiting in the server between them. Both alike:
+    for mode in ("legacy", "auto"):
+        asked.clear()
+        body = run(lambda: main(mode))  # noqa: B023 - run at once
+        assert body["ok"], (mode, body)
+        assert body["result"]["results"] == [
+            {"result": "removed /tmp/a"},
+            "Tool up.remove-file was not approved: the user declined",
+            "Tool up.remove-file was not approved: the user refused",
+        ], mode
+        assert body["result"]["removed"] == {"result": ["/tmp/a"]}  # refused calls never reached the server
+        assert len(asked) == 3 and 'up.remove-file({"path": "/tmp/a"})' in asked[0]  # removed_files needs none

@@ -7,7 +7,6 @@ in this process.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from functools import partial
 from typing import Annotated, Literal
@@ -19,28 +18,33 @@ from mcp.server.elicitation import AcceptedElicitation
 from mcp.server.mcpserver import Context
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from ..client import ApprovalRequest, Runner
 from .access import Access, Guard, default_hosts
+from .approval import Approval, question, verdict
 from .codemode import DEFAULT_BOUNDS, Bounds, CodeMode
 from .config import UpstreamServer
 from .provider import mcp_tools
+from .rounds import Rounds, asks_in_rounds
 from .upstream import connect_upstreams
 
 APPROVAL_INPUT_CHARS = 500  # of a call's input, shown to the user who approves it
 CALL_GRACE_S = 1.0  # an upstream call outlives its execution's timeout by at most this before it is abandoned
 
 
-def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode") -> MCPServer:
-    """An ``MCPServer`` whose two tools are ``code_mode``'s."""
+def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode", rounds: Rounds | None = None) -> MCPServer:
+    """An ``MCPServer`` whose two tools are ``code_mode``'s. ``rounds`` asks clients of the stateless
+    protocol for approvals (without it, their calls of tools that need approval are refused)."""
     namespaces = ", ".join(code_mode.namespaces) or "none"
     server: MCPServer = MCPServer(name, instructions=f"Code mode over MCP servers; namespaces: {namespaces}.")
 
     async def execute_code(
         code: Annotated[str, Field(description="JavaScript; the value of the last expression is the result")],
         context: Context,
-    ) -> mcp_types.CallToolResult:
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+        if rounds is not None and asks_in_rounds(context):
+            return await rounds.execute_code(code, context)
         return await code_mode.execute_code(code, context.report_progress, partial(ask_the_user, context))
 
     def search_tools(
@@ -68,25 +72,15 @@ def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode") -> MC
     return server
 
 
-class Approval(BaseModel):
-    """What the user answers when a program calls a tool that needs approval."""
-
-    approve: bool = Field(description="let the program make this call")
-
-
 async def ask_the_user(context: Context, request: ApprovalRequest) -> bool | str:
     """Ask the MCP client's user, through elicitation, whether the program may make ``request``'s call."""
-    shown = json.dumps(request.input, ensure_ascii=False)
-    shown = shown if len(shown) <= APPROVAL_INPUT_CHARS else shown[:APPROVAL_INPUT_CHARS] + "..."
     try:
-        answer = await context.elicit(
-            f"The program calls {request.provider}.{request.tool}({shown}). Allow it?", Approval
-        )
+        answer = await context.elicit(question(request, APPROVAL_INPUT_CHARS), Approval)
     except MCPError as exc:  # a client that cannot elicit
         return f"the user could not be asked ({exc.message})"
     if isinstance(answer, AcceptedElicitation):
         return True if answer.data.approve else "the user refused"
-    return "the user declined" if answer.action == "decline" else "the user cancelled"
+    return verdict(answer.action, None)
 
 
 async def serve(
@@ -117,11 +111,13 @@ async def serve(
             )
             for name, session in sessions.items()
         }
-        server = code_mode_server(CodeMode(runner, namespaces, bounds))
-        if transport == "stdio":
-            await server.run_stdio_async()
-        else:
-            await serve_http(server, host, port, access or Access(default_hosts(host)))
+        code_mode = CodeMode(runner, namespaces, bounds)
+        async with Rounds.running(code_mode, APPROVAL_INPUT_CHARS) as rounds:
+            server = code_mode_server(code_mode, rounds=rounds)
+            if transport == "stdio":
+                await server.run_stdio_async()
+            else:
+                await serve_http(server, host, port, access or Access(default_hosts(host)))
 
 
 async def serve_http(server: MCPServer, host: str, port: int, access: Access) -> None:
