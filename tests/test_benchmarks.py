@@ -69,6 +69,11 @@ RUNS = [
         ["--chunks", "2", "--size", "5", "--other-pythonpath", EMPTY, "--rounds", "1"],
         [r"round 1 other", r"a fresh runtime freed +[\d.]+- *[\d.]+ against"],
     ),
+    (
+        "worker_start.py",
+        ["--workers", "2"],
+        [r"hardened \(1 thread\) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+\n", r"standard, no confinement +[\d.]+"],
+    ),
     ("worker_steady.py", ["--duration", "0.5", "--in-flight", "4"], [r"\d+ executions/s", r"ms CPU per execution"]),
     (
         "worker_steady.py",
