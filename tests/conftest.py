@@ -26,6 +26,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--soak-clients", type=int, default=32, help="concurrent host connections (default 32)")
     group.addoption("--soak-sentinels", type=int, default=2, help="executions kept parked 40 s at a time (default 2)")
     group.addoption("--soak-seed", type=int, default=1, help="seed of the session mix (default 1)")
+    group.addoption(
+        "--soak-tenants", type=int, default=0, help="spread the clients over N tenants (default 0: no tokens)"
+    )
     group.addoption("--soak-kinds", default="", help="a comma-separated subset of the mix (default: all of it)")
     group.addoption(
         "--soak-daemon-arg", action="append", default=[], help="passed on to the daemon (repeat for several)"

@@ -83,11 +83,12 @@ class Tally:
 
 @dataclass
 class Session:
-    """One session's context: its random source, id prefix and counts."""
+    """One session's context: its random source, id prefix, counts and bearer token (if any)."""
 
     rng: random.Random
     prefix: str
     tally: Tally
+    token: str | None = None
     executions: int = 0
 
     def next_id(self) -> str:
@@ -98,8 +99,11 @@ class Session:
 class Host:
     """One host connection (the conformance kit's one-thread ``Connection``) and a short transcript."""
 
-    def __init__(self, url: str, tally: Tally, deadline: float) -> None:
-        self.connection: Connection = connect(url, open_timeout=IO_TIMEOUT_S, close_timeout=IO_TIMEOUT_S)
+    def __init__(self, url: str, tally: Tally, deadline: float, token: str | None = None) -> None:
+        headers = [("Authorization", f"Bearer {token}")] if token else []
+        self.connection: Connection = connect(
+            url, additional_headers=headers, open_timeout=IO_TIMEOUT_S, close_timeout=IO_TIMEOUT_S
+        )
         self.tally = tally
         self.deadline = deadline
         self.transcript: list[str] = []

@@ -33,6 +33,10 @@ class Settings:
     seed: int
     kinds: list[str]
     shown: int = 10
+    tokens: tuple[str, ...] = ()  # each client and sentinel bears one, in turn: tenants side by side
+
+    def token(self, index: int) -> str | None:
+        return self.tokens[index % len(self.tokens)] if self.tokens else None
 
 
 def run_session(
@@ -42,7 +46,7 @@ def run_session(
     s.tally.count(s.tally.sessions, kind)
     host: Host | None = None
     try:
-        host = Host(url, s.tally, time.monotonic() + limit_s)
+        host = Host(url, s.tally, time.monotonic() + limit_s, s.token)
         body(s, host)
     except InvalidStatus as exc:
         if exc.response.status_code == 503:  # the daemon is full: a documented answer
@@ -68,17 +72,17 @@ def client_loop(index: int, url: str, settings: Settings, end: float, stop: thre
     number = 0
     while time.monotonic() < end and not stop.is_set():
         kind = rng.choices(settings.kinds, weights)[0]
-        run_session(kind, SESSIONS[kind][1], Session(rng, f"c{index}s{number}", tally), url)
+        run_session(kind, SESSIONS[kind][1], Session(rng, f"c{index}s{number}", tally, settings.token(index)), url)
         number += 1
 
 
-def sentinel_loop(index: int, url: str, start: float, end: float, tally: Tally) -> None:
+def sentinel_loop(index: int, url: str, start: float, end: float, tally: Tally, token: str | None) -> None:
     """Executions parked for up to ``PARK_S`` each, back to back from ``start`` until ``end``."""
     time.sleep(max(start - time.monotonic(), 0.0))
     number = 0
     while (left := end - time.monotonic()) > 5.0:
         seconds = min(PARK_S, left)
-        session = Session(random.Random(index), f"p{index}s{number}", tally)
+        session = Session(random.Random(index), f"p{index}s{number}", tally, token)
         run_session(
             "parked_long", functools.partial(park_long, seconds=seconds), session, url, seconds + SESSION_LIMIT_S
         )
@@ -99,7 +103,9 @@ def soak(url: str, pid: int, settings: Settings, say: Callable[[str], None]) -> 
     ]
     threads += [
         threading.Thread(
-            target=sentinel_loop, args=(i, url, t0 + i * PARK_S / max(settings.sentinels, 1), end, tally), daemon=True
+            target=sentinel_loop,
+            args=(i, url, t0 + i * PARK_S / max(settings.sentinels, 1), end, tally, settings.token(i)),
+            daemon=True,
         )
         for i in range(settings.sentinels)
     ]
