@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -45,6 +45,7 @@ from .observability import logs, tracing
 from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
+from .pool.sharing import Shares
 from .report import (
     UNSAFE_SETTINGS,
     accepted_tenants,
@@ -161,11 +162,9 @@ def record_directory(settings: Settings) -> Path | None:
     return directory
 
 
-def tenant_shares(
-    settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]
-) -> Callable[[Collection[str]], dict[str, int]] | None:
-    """How the pool shares the machine between the tenants with workers (``tenants.shares``):
-    None where tenants do not have workers of their own, or a worker runs one guest."""
+def tenant_shares(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]) -> Shares | None:
+    """How the pool shares the machine between the active tenants (``tenants.shares``, by their
+    weights): None where tenants do not have workers of their own, or a worker runs one guest."""
     if not tenants or settings.share_workers_across_tokens or settings.profile == "hardened":
         return None
     weights = {tenant.name: tenant.weight for _, tenant in tenants}

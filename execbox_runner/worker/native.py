@@ -1,8 +1,8 @@
 """Reaching past the quickjs binding into QuickJS itself, where the binding falls short.
 
-The binding can neither stop a context that is running JavaScript, nor reuse
-compiled code, nor say that an allocation was refused, nor share memory with
-JavaScript, and all four matter here:
+The binding can neither stop nor pause a context that is running JavaScript,
+nor reuse compiled code, nor say that an allocation was refused, nor share
+memory with JavaScript, and all of these matter here:
 
 * ``poke`` interrupts a running guest from another thread. The binding's
   interrupt check compares process CPU time with ``interrupt_data.start`` and
@@ -10,6 +10,11 @@ JavaScript, and all four matter here:
   starts; writing them makes the next check, within microseconds, raise QuickJS's
   uncatchable interrupt, as a real time limit would. The guest's heap survives,
   so its logs can still be read.
+* ``hold`` pauses a running guest from another thread (a tenant's share of the
+  CPU, ``turns.py``): it swaps the runtime's interrupt handler
+  (``JS_SetInterruptHandler``) for one that waits until ``let_go`` puts the
+  binding's own back, then checks as it does. The binding's handler is found
+  once per process, inside JSRuntime, while a guest spins (``HOLDS``).
 * ``Bytecode`` compiles the bootstrap once per process and loads it into each
   fresh context (``JS_WriteObject``/``JS_ReadObject``, exported by the
   binding's library), about four times faster than compiling its source again,
