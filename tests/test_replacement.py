@@ -36,7 +36,8 @@ def test_a_run_its_dead_worker_never_answered_runs_on_another(profile: str) -> N
             ws.send(execute("e1", "1 + 1"))
             assert receive(ws)["type"] == "started"
             time.sleep(0.3)  # the run went to the stopped worker; the pool starts another spare
-            os.kill(stopped[0], signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # on a busy machine the daemon may be first
+                os.kill(stopped[0], signal.SIGKILL)
             done = receive(ws, timeout=60)
         assert (done["type"], done.get("result"), done.get("error")) == ("done", 2, None)
         placed = daemon.json_lines(
@@ -54,7 +55,8 @@ def test_an_answered_execution_is_not_run_again() -> None:
         stop_all(daemon, signal.SIGKILL)
         done = receive(ws, timeout=60)
         assert (done["type"], done["error"]["code"]) == ("done", "internal_error")
-        assert run_to_done(ws, "e2", "6 * 7")["result"] == 42
+        second = run_to_done(ws, "e2", "6 * 7")
+        assert second.get("result") == 42, second
 
 
 DIES_ON_READING = textwrap.dedent(
@@ -89,7 +91,8 @@ def test_a_run_whose_every_worker_dies_before_answering_is_placed_again_only_onc
         assert receive(ws)["type"] == "started"
         done = receive(ws, timeout=60)
         assert (done["type"], done["error"]["code"]) == ("done", "internal_error")
-        assert run_to_done(ws, "e2", "6 * 7")["result"] == 42
+        second = run_to_done(ws, "e2", "6 * 7")
+        assert second.get("result") == 42, second
         lines = daemon.json_lines(
             lambda lines: sum("exited on its own with status 3" in line["message"] for line in lines) >= 2
         )
