@@ -60,7 +60,7 @@ from .tenants import Ledger, Tenant, shares
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.02
-CPU_SAMPLE_INTERVAL_S = 1.0  # how often each tenant's workers' CPU is read, with CPU quotas
+CPU_SAMPLE_INTERVAL_S = 1.0  # how often each tenant's workers' CPU is read (quotas and metrics)
 # What a worker gets to finish an execution it was told to abort before it is killed (with its
 # other executions): longer than the worker's own interrupting (~2 s), so only a stuck one dies.
 ABANDON_GRACE_S = 2.5

@@ -23,9 +23,9 @@ A tenant at one of them gets ``429 Too Many Requests`` at the handshake, before 
 exists, with ``Retry-After`` and a JSON body naming the quota (``Ledger.refusal``). Quotas are
 judged when a session opens: the executions of a session already open count towards them.
 
-``weight`` (default 1) is the tenant's share of a busy machine against the other tenants': when
-several tenants have workers, each may run a number of guests at once in proportion to it
-(``shares``), which the pool gives its workers.
+``weight`` (default 1) is the tenant's share of a busy machine against the other tenants': while
+several tenants are active, each may have a number of guests computing at once in proportion to
+it (``shares``), which the pool gives its workers.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ unguessable name, known only to the client that started it), hands it the answer
 next question or its result. A program waits for an answer within its execution's timeout, as
 with any client; a result nobody collects is dropped after ``KEEP_RESULT_S``; a round the client
 gives up (cancels, or disconnects from) ends its program. The program's progress goes to the round
-open at the time. Programs live in
-this process's memory: behind a load balancer, the rounds of one call must reach the same
-server.
+open at the time. Programs live in this process's memory: behind a load balancer, the rounds of
+one call must reach the same server.
 """
 
 from __future__ import annotations
@@ -129,6 +128,7 @@ class Rounds:
             program.report = None
         if program.result is not None:
             del self._programs[state]
+            program.scope.cancel()  # collected: its task need not keep it any longer
             return program.result
         assert program.asking is not None
         schema = render_elicitation_schema(Approval)

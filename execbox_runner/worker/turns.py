@@ -2,13 +2,14 @@
 
 The daemon gives a tenant's workers its part of a machine shared with other tenants (``Share``,
 ``daemon/pool/sharing.py``): how many guests may compute at once. The kernel shares the CPU
-between runnable threads alike, so without it a tenant's many spinning guests would take
-the CPU of as many runner threads. A thread of this class looks at the guests in a step every
-``QUANTUM_S``: while more of them have been computing for ``LONG_S`` than the share allows, it
-holds the surplus (``GuestRun.hold``: the guest waits at its next interrupt check, off the CPU) and
-lets those held longest go in turn. Short steps are never held, so a tenant's resumes and quick
-executions keep their latency beside its own spinning guests; a held guest's deadline, abort and
-log lines work as ever (``interrupt`` lets it go first). A share of 0 holds nothing.
+between runnable threads alike, so without it a tenant's many spinning guests would take the CPU
+of as many runner threads. A thread of this class looks at the guests in a step as they turn long
+and as turns end: while more of them have been computing for ``LONG_S`` than the share allows, it
+holds the surplus (``GuestRun.hold``: the guest waits at its next interrupt check, off the CPU)
+and lets those held longest go in turns of ``QUANTUM_S``. Short steps are never held, so a
+tenant's resumes and quick executions keep their latency beside its own spinning guests; a held
+guest's deadline, abort and log lines work as ever (``interrupt`` lets it go first). A share of 0
+holds nothing.
 """
 
 from __future__ import annotations
