@@ -147,8 +147,9 @@ class _Execution:
 
     def give_up_pending(self) -> None:
         """The tool calls still awaiting their result will have none: kept as never answered."""
-        self.calls += [(call, name, sent_at, None) for call, (_, sent_at, name) in self.pending.items()]
-        self.pending.clear()
+        if self.pending:
+            self.calls += [(call, name, sent_at, None) for call, (_, sent_at, name) in self.pending.items()]
+            self.pending.clear()
 
 
 class Session:

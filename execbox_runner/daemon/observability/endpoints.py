@@ -205,6 +205,8 @@ def _not_found(message: str) -> Response:
 
 def tenant(request: Request, state: DaemonState) -> str:
     """The tenant whose token the request bears (``tenants``), "" without tokens."""
+    if not state.tokens:  # every handshake asks: without tokens, not even the header is looked up
+        return ""
     presented = _presented(request.headers.get("Authorization", ""))
     for token, name in zip(state.tokens, state.tenant_names, strict=True):
         if hmac.compare_digest(presented, token):

@@ -50,6 +50,7 @@ LEASE_BACKLOG_BYTES: Final = 64 << 20
 SEND_TIMEOUT_S: Final = 10.0
 # How long a worker has to report its heaps when the memory budget is spent.
 MEASURE_TIMEOUT_S: Final = 1.0
+_MSG_CTRUNC: Final = int(socket.MSG_CTRUNC)  # a plain int: the enum's ``&`` is Python code, run per read
 
 
 class ExitCause(NamedTuple):
@@ -184,7 +185,7 @@ class Worker:
         except OSError as exc:
             self.lose(ChannelClosed(str(exc)))
             return
-        if flags & socket.MSG_CTRUNC:  # ancillary data, descriptors: closed by the kernel, unread
+        if flags & _MSG_CTRUNC:  # ancillary data, descriptors: closed by the kernel, unread
             self.lose(WorkerLost("worker sent file descriptors"))
             return
         if not chunk:
