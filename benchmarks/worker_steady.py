@@ -1,7 +1,8 @@
-"""One worker process fed trivial executions without the daemon: its CPU per execution.
+"""One worker process fed executions without the daemon: its CPU per execution.
 
 The worker side of the daemon's throughput at c=64: this process plays the daemon on the worker's
-channel and keeps ``--in-flight`` Runs of ``1+1`` in the worker, sending the next as each finishes,
+channel and keeps ``--in-flight`` Runs of ``1+1`` in the worker (with ``--tools N``, of guests
+making N sequential tool calls, each answered at once), sending the next as each finishes,
 for ``--duration`` seconds after a one-second warm-up. The worker runs unconfined
 (``--no-sandbox``) with one malloc arena, as the daemon's pool starts its zygote (and so every
 worker), so that nothing but its loop is measured. Prints the rate and the worker's CPU per
@@ -14,7 +15,7 @@ QuickJS build against the one in DIR (``deploy/quickjs/build.py --target DIR`` w
 compare left out), and prints each side's range and median, and the pairs one by one (in how many
 this side was lower, the ratio at the median).
 
-    python benchmarks/worker_steady.py [--in-flight 64] [--duration 3] [--threads 16]
+    python benchmarks/worker_steady.py [--in-flight 64] [--duration 3] [--threads 16] [--tools N]
         [--other-pythonpath DIR --pairs N]
 
 It asserts nothing about time; every wait is bounded.
@@ -38,7 +39,12 @@ from benchkit.procfs import CLK_TCK
 from execbox_runner.protocol import ipc
 
 WAIT_S = 60.0  # any one wait on the worker
-RUN = ipc.Run("1+1", WAIT_S, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24)
+
+
+def run_message(tools: int) -> tuple[ipc.Run, bytes]:
+    """The Run each execution is, and its result: ``1+1``, or ``tools`` sequential tool calls."""
+    code = "1+1" if not tools else f"let x = 2; for (let i = 0; i < {tools}; i++) x = await tools.echo(x); x"
+    return ipc.Run(code, WAIT_S, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24), b"2"
 
 
 @dataclass
@@ -74,9 +80,10 @@ class Usage:
 class Channel:
     """The daemon's end of the worker's channel."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, tools: int) -> None:
         self.sock = sock
         self.frames = ipc.Unframer()
+        self.run, self.result = run_message(tools)
 
     def receive(self, timeout: float) -> list[tuple[int, ipc.FromWorker]]:
         """What has arrived, waiting up to ``timeout`` for the first of it ([] if nothing did)."""
@@ -103,11 +110,17 @@ class Channel:
                 raise TimeoutError(f"{sent - finished} executions did not finish")
             while sent - finished < in_flight and time.monotonic() < end:
                 sent += 1
-                self.sock.sendall(ipc.frame(sent, RUN))
+                self.sock.sendall(ipc.frame(sent, self.run))
+            answers = []
             for slot, message in self.receive(1.0):
-                if not isinstance(message, ipc.Finished) or not message.ok or message.result != b"2":
+                if isinstance(message, ipc.ToolCalls) and message.calls:
+                    answers += [ipc.frame(slot, ipc.Settle(call, True, value)) for call, _, _, value in message.calls]
+                    continue
+                if not isinstance(message, ipc.Finished) or not message.ok or message.result != self.result:
                     raise RuntimeError(f"slot {slot}: {message!r}")
                 finished += 1
+            if answers:
+                self.sock.sendall(b"".join(answers))
         return finished
 
 
@@ -118,7 +131,7 @@ def measure(args: argparse.Namespace, pythonpath: str | None) -> tuple[float, fl
     environment = {**with_pythonpath(pythonpath), "MALLOC_ARENA_MAX": "1"}
     worker = subprocess.Popen([*command, "--threads", str(args.threads)], pass_fds=[theirs.fileno()], env=environment)
     theirs.close()
-    channel = Channel(ours)
+    channel = Channel(ours, args.tools)
     try:
         ready = channel.receive(WAIT_S)
         if not ready or not isinstance(ready[0][1], ipc.Ready):
@@ -138,10 +151,11 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--threads", type=int, default=16, help="the worker's runner threads")
+    parser.add_argument("--tools", type=int, default=0, help="sequential tool calls per execution")
     parser.add_argument("--other-pythonpath", help="a QuickJS build to alternate with (deploy/quickjs/build.py)")
     parser.add_argument("--pairs", type=int, default=6, help="pairs of runs with --other-pythonpath")
     args = parser.parse_args()
-    print(f"{args.in_flight} in flight, {args.threads} runner threads")
+    print(f"{args.in_flight} in flight, {args.threads} runner threads, {args.tools} tool calls each")
     if not args.other_pythonpath:
         rate, _, usage = measure(args, None)
         print(f"  {rate:.0f} executions/s; worker: {usage}")
