@@ -79,10 +79,6 @@ DEFAULT_THREADS: Final = 16
 # Then it takes the lead: a spinning guest delays its neighbours by about this much.
 TURN_CHECK_S: Final = 0.001
 _READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
-# The leader's steps' reports wait in the outbox for at most this many more, or this long: sent
-# together, in one system call, before it waits on the channel (see ``Worker._send``).
-OUTBOX_FRAMES: Final = 8
-OUTBOX_S: Final = 0.0005
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
 
@@ -150,10 +146,7 @@ class Worker:
         self.frames = ipc.Unframer()  # the channel's bytes, read by the leader only
         # Guards hosted, each slot's mailbox, scheduled and aborting, and the roles below.
         self.lock = threading.Lock()
-        self.send_lock = threading.Lock()  # guards the channel's writes, the outbox and deferring
-        self.outbox: list[bytes] = []  # frames of the leader's steps not yet sent, oldest first
-        self.outbox_since = 0.0  # when the oldest of them was put there
-        self.deferring: Runner | None = None  # the leader, whose steps' reports may wait in the outbox
+        self.send_lock = threading.Lock()
         self.ready: collections.deque[Hosted] = collections.deque()  # slots with work, oldest first
         self.leader: Runner | None = None  # reads the channel and runs short steps (see ``_lead``)
         self.stepping = False  # the leader is running steps, away from the channel
@@ -263,11 +256,8 @@ class Worker:
         between threads, and with 16 runners all at work (each handing the GIL over at each of
         an execution's engine calls, their caches cold) it cost twice the CPU. Between steps
         the channel is read without waiting, so an Abort is taken after at most one step, and
-        the lead moves only during a step, never while the channel is being read. The steps'
-        reports go out together, before the leader next waits on the channel (``_send``).
+        the lead moves only during a step, never while the channel is being read.
         """
-        with self.send_lock:
-            self.deferring = me
         fresh = True  # the channel has been read since the last step
         while True:
             waking = None
@@ -287,10 +277,7 @@ class Worker:
             if hosted is not None:
                 self._run(hosted, me)
                 fresh = False
-                continue
-            if not runnable:  # the leader waits next: nothing it reported may wait with it
-                self._flush()
-            if runnable or not self._prepare_spare():
+            elif runnable or not self._prepare_spare():
                 self._read(block=not runnable)
                 fresh = True
 
@@ -388,9 +375,6 @@ class Worker:
             waking = self.standby
         if waking is not None:
             waking.wake.release()
-        with self.send_lock:  # the old leader's reports waiting in the outbox go now, not after its step
-            self.deferring = None
-        self._flush()
         return True
 
     def _prepare_spare(self) -> bool:
@@ -413,7 +397,7 @@ class Worker:
         except Exception as exc:  # a bug must cost one execution, not the worker's others
             self._end(hosted)
             logs = hosted.guest.last_logs() if hosted.guest is not None else []
-            self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", logs), me)
+            self._send(hosted.slot, ipc.Finished(False, None, "internal_error", f"worker failure: {exc}", logs))
 
     def _drain(self, hosted: Hosted, me: Runner | None) -> None:
         """Take the slot's messages in order until none is left or the execution ends.
@@ -431,10 +415,10 @@ class Worker:
                 out = self._take(hosted, message, me)
                 if isinstance(out, ipc.Finished):
                     self._end(hosted)
-                    self._send(hosted.slot, out, me)
+                    self._send(hosted.slot, out)
                     return
                 if out.calls or out.logs:
-                    self._send(hosted.slot, out, me)
+                    self._send(hosted.slot, out)
 
     def _take(
         self, hosted: Hosted, message: ipc.ToWorker | list[ipc.Settle], me: Runner | None
@@ -505,34 +489,10 @@ class Worker:
         if hosted.guest is not None and self.interrupter is not None:
             self.interrupter.forget(hosted.guest)
 
-    def _send(self, slot: int, message: ipc.FromWorker, me: Runner | None = None) -> None:
-        """Send one frame after every one before it. A report of ``me``'s step while ``me`` leads
-        waits in the outbox, to go with the next ones in one system call: until the leader waits
-        on the channel (``_lead``), the lead moves (``_take_lead``), ``OUTBOX_FRAMES`` wait or the
-        oldest has waited ``OUTBOX_S``, so a report waits at most a few short steps. Anything else
-        (another runner's, the log pump's) goes at once, with the outbox before it: the frames
-        leave in the order they were made."""
+    def _send(self, slot: int, message: ipc.FromWorker) -> None:
         data = ipc.frame(slot, message)
         with self.send_lock:
-            self.outbox.append(data)
-            if me is not None and me is self.deferring:
-                now = time.monotonic()
-                if len(self.outbox) == 1:
-                    self.outbox_since = now
-                if len(self.outbox) < OUTBOX_FRAMES and now - self.outbox_since < OUTBOX_S:
-                    return
-            self._send_outbox()
-
-    def _flush(self) -> None:
-        """Send what waits in the outbox."""
-        with self.send_lock:
-            if self.outbox:
-                self._send_outbox()
-
-    def _send_outbox(self) -> None:
-        """(Holding ``send_lock``.)"""
-        outbox, self.outbox = self.outbox, []
-        self.sock.sendall(outbox[0] if len(outbox) == 1 else b"".join(outbox))
+            self.sock.sendall(data)
 
 
 def _batched(messages: list[ipc.ToWorker]) -> list[ipc.ToWorker | list[ipc.Settle]]:
