@@ -10,6 +10,9 @@ Python that ``worker_steady.py`` and the whole tree hide:
 * a fresh runtime made and freed, the bootstrap loaded (``fresh_runtime``);
 * a trivial execution's whole ``GuestRun``: the runtime, the guest's ``1+1``
   normalized, evaluated and started, its outcome read, the runtime freed;
+* the same for a guest making ten sequential tool calls, each settled at once (the
+  engine's and ``GuestRun``'s part of a tool call, without the worker's loop, is a
+  tenth of the difference);
 * the guest's text normalized alone (tree-sitter);
 * a fresh runtime freed alone (``JS_DiscardRuntime`` in the build).
 
@@ -37,6 +40,15 @@ from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
 from execbox_runner.worker.normalize import normalize
 
 RUN = ipc.Run("1+1", 5.0, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24)
+TOOLS_RUN = ipc.Run(
+    "let x = 2; for (let i = 0; i < 10; i++) x = await tools.echo(x); x",
+    5.0,
+    64 << 20,
+    100,
+    64000,
+    RUN.providers,
+    1 << 24,
+)
 WARM_UP = 300  # iterations before the first chunk: the heap and caches settle
 
 
@@ -51,6 +63,16 @@ def least(work: Callable[[], object], chunks: int, size: int) -> float:
             work()
         best = min(best, (time.perf_counter() - began) / size)
     return best * 1e6
+
+
+def with_tools() -> ipc.Finished:
+    """``TOOLS_RUN`` to its end, each tool call settled at once with its input."""
+    guest = GuestRun(TOOLS_RUN, fresh_runtime())
+    out = guest.start()
+    while isinstance(out, ipc.ToolCalls):
+        out = guest.settle(*(ipc.Settle(call, True, value) for call, _, _, value in out.calls))
+    assert out.ok and out.result == b"2", out
+    return out
 
 
 def least_free(chunks: int, size: int) -> float:
@@ -72,6 +94,7 @@ def measure(chunks: int, size: int) -> dict[str, float]:
         "trivial execution (GuestRun, start to Finished)": least(
             lambda: GuestRun(RUN, fresh_runtime()).start(), chunks, size
         ),
+        "ten sequential tool calls (GuestRun, start to Finished)": least(with_tools, chunks, size),
         "the guest's text normalized": least(lambda: normalize(RUN.code), chunks, size),
         "a fresh runtime freed": least_free(chunks, size),
     }

@@ -74,7 +74,11 @@ RUNS = [
         ["--workers", "2"],
         [r"hardened \(1 thread\) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+\n", r"standard, no confinement +[\d.]+"],
     ),
-    ("worker_steady.py", ["--duration", "0.5", "--in-flight", "4"], [r"\d+ executions/s", r"ms CPU per execution"]),
+    (
+        "worker_steady.py",
+        ["--duration", "0.5", "--in-flight", "4", "--tools", "2"],
+        [r"2 tool calls each", r"\d+ executions/s", r"ms CPU per execution"],
+    ),
     (
         "worker_steady.py",
         ["--duration", "0.3", "--in-flight", "4", "--other-pythonpath", EMPTY, "--pairs", "1"],

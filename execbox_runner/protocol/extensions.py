@@ -17,7 +17,7 @@ Known extensions:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Final
 
 HEADER: Final = "Execbox-Extensions"
@@ -25,8 +25,10 @@ LIVE_LOGS: Final = "live-logs"
 KNOWN: Final = (LIVE_LOGS,)
 
 
-def negotiate(offered: Iterable[str]) -> tuple[str, ...]:
+def negotiate(offered: Sequence[str]) -> tuple[str, ...]:
     """The extensions to turn on for the values of the host's ``Execbox-Extensions`` headers:
     those this runner knows, in its own order; unknown tokens are ignored."""
+    if not offered:  # most hosts offer none
+        return ()
     tokens = {token.strip().lower() for value in offered for token in value.split(",")}
     return tuple(name for name in KNOWN if name in tokens)
