@@ -94,7 +94,7 @@ def measure(chunks: int, size: int) -> dict[str, float]:
         "trivial execution (GuestRun, start to Finished)": least(
             lambda: GuestRun(RUN, fresh_runtime()).start(), chunks, size
         ),
-        "ten sequential tool calls (GuestRun, start to Finished)": least(with_tools, chunks, size),
+        "ten sequential tool calls, each settled at once": least(with_tools, chunks, size),
         "the guest's text normalized": least(lambda: normalize(RUN.code), chunks, size),
         "a fresh runtime freed": least_free(chunks, size),
     }
