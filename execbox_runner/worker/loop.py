@@ -27,7 +27,7 @@ interrupter thread (``interrupter.py``), which pokes that runtime until the gues
 has unwound; it also stops every guest still running at its wall-clock deadline,
 so the worker enforces ``timeoutMs`` itself as well as the daemon. A guest's log
 lines leave the worker as they are written, sent by the log pump thread
-(``logpump.py``). In the standard profile
+(``logpump.py``) while its step is long, and with the step's report as it ends. In the standard profile
 a prefault thread (``prefault.py``) faults in the heap's new pages as it grows,
 so that a burst of executions does not pay for them a page fault at a time.
 Workers run at a lower scheduling priority than the daemon: a storm of spinning
@@ -132,6 +132,7 @@ class Runner:
     # The CPU and wall-clock time as its step began (CPU inf: counted by wall-clock time only). One
     # attribute, so that the standby reads both of one step.
     step: tuple[float, float] = (math.inf, 0.0)
+    current: tuple[int, GuestRun] | None = None  # the slot and guest of the step it runs (the log pump's)
 
 
 class Worker:
@@ -160,6 +161,7 @@ class Worker:
         self.interrupter: Interrupter | None = None
         self.pump: LogPump | None = None
         self.turns: Turns | None = None
+        self.local = threading.local()  # each runner thread's ``Runner`` (its ``runner``)
         self.confined = threading.Event()  # set once the runners may start
         self.ended = threading.Lock()  # released when a runner ends on the channel's failure
         self.failure: BaseException | None = None
@@ -207,7 +209,7 @@ class Worker:
         steps at once: with every other runner busy with a spinning guest, the last one still
         reads the channel, where an Abort for a spinner arrives.
         """
-        me = Runner(threading.Lock(), time.pthread_getcpuclockid(threading.get_ident()))
+        me = self.local.runner = Runner(threading.Lock(), time.pthread_getcpuclockid(threading.get_ident()))
         me.wake.acquire()
         try:
             self.confined.wait()  # no guest code runs before the process is confined
@@ -375,6 +377,8 @@ class Worker:
             waking = self.standby
         if waking is not None:
             waking.wake.release()
+        if self.pump is not None:  # the old leader's step is long: its lines go out as they are written
+            self.pump.watch(leader)  # (the lead moved first: a step it finds has begun watches itself)
         return True
 
     def _prepare_spare(self) -> bool:
@@ -465,7 +469,10 @@ class Worker:
         """Run guest code, its log lines streamed meanwhile, taking turns with the others."""
         if self.pump is None:
             return step()
-        self.pump.stepping(slot, guest)
+        runner: Runner = self.local.runner
+        runner.current = (slot, guest)  # before it looks at the lead: see ``_take_lead``
+        if runner is not self.leader:  # no standby watches this step: the pump does, from the start
+            self.pump.watch(runner)
         if self.turns is not None:
             self.turns.stepping(guest)
         try:
@@ -473,7 +480,7 @@ class Worker:
         finally:
             if self.turns is not None:
                 self.turns.stepped(guest)
-            self.pump.stepped(slot)
+            runner.current = None
 
     def _heaps(self) -> list[tuple[int, int]]:
         """Each started execution's slot and the bytes its runtime holds now."""
