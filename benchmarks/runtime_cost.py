@@ -34,21 +34,14 @@ from collections.abc import Callable
 
 import quickjs
 from benchkit.pairs import build_options, measured_builds
+from benchkit.workload import tool_code
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
 from execbox_runner.worker.normalize import normalize
 
 RUN = ipc.Run("1+1", 5.0, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24)
-TOOLS_RUN = ipc.Run(
-    "let x = 2; for (let i = 0; i < 10; i++) x = await tools.echo(x); x",
-    5.0,
-    64 << 20,
-    100,
-    64000,
-    RUN.providers,
-    1 << 24,
-)
+TOOLS_RUN = ipc.Run(tool_code(10), 5.0, 64 << 20, 100, 64000, RUN.providers, 1 << 24)
 WARM_UP = 300  # iterations before the first chunk: the heap and caches settle
 
 
@@ -71,7 +64,7 @@ def with_tools() -> ipc.Finished:
     out = guest.start()
     while isinstance(out, ipc.ToolCalls):
         out = guest.settle(*(ipc.Settle(call, True, value) for call, _, _, value in out.calls))
-    assert out.ok and out.result == b"2", out
+    assert out.ok and out.result == b"45", out  # tool_code's sum of 0..9
     return out
 
 

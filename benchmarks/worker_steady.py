@@ -35,6 +35,7 @@ from pathlib import Path
 from benchkit.pairs import alternated, summary
 from benchkit.processes import with_pythonpath
 from benchkit.procfs import CLK_TCK
+from benchkit.workload import tool_code
 
 from execbox_runner.protocol import ipc
 
@@ -42,9 +43,10 @@ WAIT_S = 60.0  # any one wait on the worker
 
 
 def run_message(tools: int) -> tuple[ipc.Run, bytes]:
-    """The Run each execution is, and its result: ``1+1``, or ``tools`` sequential tool calls."""
-    code = "1+1" if not tools else f"let x = 2; for (let i = 0; i < {tools}; i++) x = await tools.echo(x); x"
-    return ipc.Run(code, WAIT_S, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24), b"2"
+    """The Run each execution is, and its result: ``1+1``, or ``tools`` sequential tool calls
+    (``workload.tool_code``, each answered with its input)."""
+    code, result = ("1+1", 2) if not tools else (tool_code(tools), tools * (tools - 1) // 2)
+    return ipc.Run(code, WAIT_S, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24), str(result).encode()
 
 
 @dataclass

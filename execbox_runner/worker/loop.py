@@ -26,10 +26,11 @@ An ``Abort`` for a slot whose guest code is running is also given to the
 interrupter thread (``interrupter.py``), which pokes that runtime until the guest
 has unwound; it also stops every guest still running at its wall-clock deadline,
 so the worker enforces ``timeoutMs`` itself as well as the daemon. A guest's log
-lines leave the worker as they are written, sent by the log pump thread
-(``logpump.py``) while its step is long, and with the step's report as it ends. In the standard profile
-a prefault thread (``prefault.py``) faults in the heap's new pages as it grows,
-so that a burst of executions does not pay for them a page fault at a time.
+lines leave the worker as they are written: sent by the log pump thread
+(``logpump.py``) while its step is long, and with the step's report as it ends.
+In the standard profile a prefault thread (``prefault.py``) faults in the heap's
+new pages as it grows, so that a burst of executions does not pay for them a
+page fault at a time.
 Workers run at a lower scheduling priority than the daemon: a storm of spinning
 guests cannot delay a ``done`` or a ``cancel``. The interrupter and the log pump
 keep the daemon's: they do little, and what they do (stop a guest at its
