@@ -7,6 +7,7 @@ const url = process.argv[2];
 const callTimes: number[] = [];
 const which = (process.argv[3] ?? "a,b,c").split(",");
 const label = process.argv[4] ?? url;
+const concurrency = Number(process.argv[5] ?? 64);
 const provider = resolveProvider({
   name: "t",
   tools: {
@@ -23,11 +24,27 @@ const tally = (rs: any[]) => {
 };
 const pct = (xs: number[], p: number) => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(p * s.length))]; };
 
+// The tool-call workloads: guest code and its expected result. "p10" is ten calls at once (Promise.all).
+const workloads: Record<string, [string, number]> = {
+  "0": ["1+1", 2],
+  "1": ["(await t.inc({ i: 0 })).v", 1],
+  "10": ["let s = 0; for (let i = 0; i < 10; i++) s = (await t.inc({ i: s })).v; s", 10],
+  p10: ["(await Promise.all(Array.from({ length: 10 }, (_, i) => t.inc({ i })))).reduce((s, r) => s + r.v, 0)", 55],
+};
+let executions = 0; // every execution this run sent, warm-up included: the runner's CPU is divided by it
+const run = async (name: string) => {
+  const [code, expected] = workloads[name];
+  executions++;
+  const r: any = await ex.execute(code, [provider]);
+  return { r, ok: r.ok && r.result === expected };
+};
+
 if (which.includes("a")) {
   const N = 1000;
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   const lat: number[] = [];
+  executions += N;
   const rs = await Promise.all(Array.from({ length: N }, async () => {
     const s = performance.now();
     const r = await ex.execute("(await t.wait2s({})).ok", [provider]);
@@ -42,42 +59,45 @@ if (which.includes("a")) {
   await new Promise((r) => setTimeout(r, 1000));
 }
 
-if (which.includes("b")) {
+// "b": latency with each workload; "b0": with 1+1 alone (for a server that runs nothing).
+if (which.includes("b") || which.includes("b0")) {
   const b: Record<string, unknown> = {};
-  for (const n of [0, 1, 10]) {
-    const code = n === 0 ? "1+1" : `let s = 0; for (let i = 0; i < ${n}; i++) s = (await t.inc({ i: s })).v; s`;
+  for (const n of which.includes("b") ? ["0", "1", "10", "p10"] : ["0"]) {
     const lat: number[] = [];
     let fails = 0;
     const deadline = performance.now() + 6000; // bounded: at most 300 runs or 6 s
-    for (let k = 0; k < 10; k++) await ex.execute(code, [provider]); // warm-up
+    for (let k = 0; k < 10; k++) await run(n); // warm-up
     while (lat.length < 300 && performance.now() < deadline) {
       const s = performance.now();
-      const r: any = await ex.execute(code, [provider]);
+      const { ok } = await run(n);
       lat.push(performance.now() - s);
-      if (!r.ok || r.result !== (n === 0 ? 2 : n)) fails++;
+      if (!ok) fails++;
     }
-    b[`calls_${n}`] = { runs: lat.length, fails, p50_ms: +pct(lat, 0.5).toFixed(2), p90_ms: +pct(lat, 0.9).toFixed(2) };
+    b[n] = { runs: lat.length, fails, p50_ms: +pct(lat, 0.5).toFixed(2), p90_ms: +pct(lat, 0.9).toFixed(2) };
   }
   out.b = b;
 }
 
-if (which.includes("c")) {
-  const C = 64, DUR = 5000;
+// "c", "c1", "c10", "cp10": the workload ("c" is "1+1") at the given concurrency for 5 s.
+for (const section of which.filter((w) => /^c(p?\d+)?$/.test(w))) {
+  const name = section === "c" ? "0" : section.slice(1);
+  const DUR = 5000;
   const clat: number[] = [];
   let done = 0, fails = 0;
   const failRs: any[] = [];
   const t0 = performance.now();
   const end = t0 + DUR;
-  await Promise.all(Array.from({ length: C }, async () => {
+  await Promise.all(Array.from({ length: concurrency }, async () => {
     while (performance.now() < end) {
       const s0 = performance.now();
-      const r: any = await ex.execute("1+1", [provider]);
+      const { r, ok } = await run(name);
       clat.push(performance.now() - s0);
-      if (r.ok && r.result === 2) done++; else { fails++; if (failRs.length < 50) failRs.push(r); }
+      if (ok) done++; else { fails++; if (failRs.length < 50) failRs.push(r); }
     }
   }));
   const el = performance.now() - t0;
-  out.c = { concurrency: C, elapsed_ms: Math.round(el), completed: done, fails, per_s: Math.round((done * 1000) / el), p50_ms: +pct(clat, 0.5).toFixed(1), p99_ms: +pct(clat, 0.99).toFixed(1), max_ms: Math.round(Math.max(...clat)), failure_kinds: tally(failRs) };
+  out[section] = { workload: name, concurrency, elapsed_ms: Math.round(el), completed: done, fails, per_s: Math.round((done * 1000) / el), p50_ms: +pct(clat, 0.5).toFixed(1), p99_ms: +pct(clat, 0.99).toFixed(1), max_ms: Math.round(Math.max(...clat)), failure_kinds: tally(failRs) };
 }
+out.executions = executions;
 console.log(JSON.stringify(out));
 process.exit(0);
