@@ -10,6 +10,10 @@ the median. In ``hardened`` every execution takes a fresh worker process: its la
 waiting for one when executions come faster than the pool forks them.
 
     python benchmarks/latency.py [--profiles standard,hardened] [--rounds 3] [--runs 200] [--pause-ms 0]
+                                 [--other CHECKOUT]
+
+``--other CHECKOUT`` adds, for each profile, that checkout's daemon (``profile/other``), in the
+same alternation: this build's latency against another's.
 
 It asserts nothing about time; every wait is bounded.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from benchkit.client import run_execution
 from benchkit.processes import start_daemon
@@ -34,34 +39,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=200, help="sequential executions per workload, profile and round")
     parser.add_argument("--pause-ms", type=float, default=0.0, help="between executions (a host's think time)")
+    parser.add_argument("--other", type=Path, help="another checkout of execbox-runner: its daemon beside each profile")
     args = parser.parse_args()
     profiles = args.profiles.split(",")
+    sides = {p: (p, None) for p in profiles}  # label: profile, checkout
+    if args.other:
+        sides |= {f"{p}/other": (p, args.other.resolve()) for p in profiles}
+    labels = list(sides)
     daemons = {}
-    latencies: dict[tuple[str, str], list[float]] = {(p, name): [] for p in profiles for name in WORKLOADS}
+    latencies: dict[tuple[str, str], list[float]] = {(label, name): [] for label in labels for name in WORKLOADS}
     failures = 0
     try:
-        for profile in profiles:
-            daemons[profile] = start_daemon(extra_args=[f"--profile={profile}"])
+        for label, (profile, checkout) in sides.items():
+            daemons[label] = start_daemon(extra_args=[f"--profile={profile}"], checkout=checkout)
         for index in range(args.rounds):
-            for profile in profiles if index % 2 == 0 else profiles[::-1]:
+            for label in labels if index % 2 == 0 else labels[::-1]:
                 for name, (code, expect) in WORKLOADS.items():
                     for run in range(args.runs):
-                        seconds, done, error = run_execution(daemons[profile].url, f"{profile}-{index}-{run}", code)
+                        exec_id = f"{sides[label][0]}-{index}-{run}"
+                        seconds, done, error = run_execution(daemons[label].url, exec_id, code)
                         if error or done is None or done.get("ok") is not True or done.get("result") != expect:
                             failures += 1
-                            print(f"  {profile} {name}: {error or done}")
-                        latencies[(profile, name)].append(seconds * 1000)
+                            print(f"  {label} {name}: {error or done}")
+                        latencies[(label, name)].append(seconds * 1000)
                         time.sleep(args.pause_ms / 1000)
     finally:
         for daemon in daemons.values():
             daemon.stop()
     medians = {key: statistics.median(values) for key, values in latencies.items()}
-    for (profile, name), values in latencies.items():
-        print(f"{profile:<9} {name:<8} {spread(values)}")
-    for profile in profiles:
-        added = (medians[(profile, "10 tools")] - medians[(profile, "1+1")]) / 10
-        against = " / ".join(f"{medians[(profile, name)] / medians[(profiles[0], name)]:.2f}" for name in WORKLOADS)
-        print(f"{profile:<9} a tool call adds {added:.3f} ms; against {profiles[0]} at the median: {against}")
+    width = max(map(len, labels))
+    for (label, name), values in latencies.items():
+        print(f"{label:<{width}} {name:<8} {spread(values)}")
+    for label in labels:
+        added = (medians[(label, "10 tools")] - medians[(label, "1+1")]) / 10
+        against = " / ".join(f"{medians[(label, name)] / medians[(labels[0], name)]:.2f}" for name in WORKLOADS)
+        print(f"{label:<{width}} a tool call adds {added:.3f} ms; against {labels[0]} at the median: {against}")
     print(f"failures: {failures}")
 
 

@@ -144,15 +144,16 @@ def test_the_worker_drops_root_and_leaves_the_network(probed: tuple[ipc.Probed, 
 
 
 def test_a_worker_keeps_only_its_channel(tmp_path: object) -> None:
-    """Inherited descriptors are closed: the worker sees none but its channel."""
+    """Inherited descriptors are closed: the worker sees none but its channel, and the timer it
+    made itself (its runners' alarm)."""
     extra = os.open(os.devnull, os.O_RDONLY)
     os.set_inheritable(extra, True)
     try:
         process, sock = start_worker("--max-memory", str(64 << 20))
         with sock:
             assert isinstance(receive(sock), ipc.Ready)
-            fds = sorted(int(fd) for fd in os.listdir(f"/proc/{process.pid}/fd"))
-            assert len(fds) == 1, fds
+            fds = sorted(os.readlink(f"/proc/{process.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{process.pid}/fd"))
+            assert len(fds) == 2 and fds[0] == "anon_inode:[timerfd]" and fds[1].startswith("socket:"), fds
             if CAPABILITIES.network_namespace:
                 assert os.readlink(f"/proc/{process.pid}/ns/net") != os.readlink("/proc/self/ns/net")
         process.wait(timeout=30)

@@ -62,6 +62,7 @@ from typing import Final
 
 from ..protocol import ipc
 from . import native, sandbox
+from .alarm import Alarm
 from .failure import BUDGET_MESSAGE
 from .guest import STACK_BYTES, TIMEOUT_MESSAGE, GuestRun, Runtime, fresh_runtime
 from .interrupter import Interrupter
@@ -154,7 +155,9 @@ class Worker:
         self.stepping = False  # the leader is running steps, away from the channel
         self.batches = 0  # how often the leader has left the channel for steps
         self.standby: Runner | None = None  # watches the leader's steps (see ``_stand_by``)
-        self.sleeping: Runner | None = None  # the standby, while it waits for the leader to step
+        self.asleep = False  # the standby sleeps until the alarm rings (see ``_stand_by``)
+        self.armed = False  # the alarm is set and the standby has not woken from it
+        self.alarm = Alarm(TURN_CHECK_S)  # made here: confined, the worker could not make it
         self.idle: list[Runner] = []  # newest last
         self.running = 0  # runners running steps without the lead
         self.spare: Runtime | None = None
@@ -192,7 +195,8 @@ class Worker:
             threads.start(self._runner)
         threading.stack_size(previous)
         threads.wait()
-        missing = sandbox.confine(self.sock.fileno(), self.limits) if self.limits is not None else ["all"]
+        keep = (self.sock.fileno(), self.alarm.fd)
+        missing = sandbox.confine(keep, self.limits) if self.limits is not None else ["all"]
         if self.probe:
             self.sock.sendall(ipc.frame(0, ipc.Probed(outcomes=sandbox.probe(), missing=missing)))
             return
@@ -263,7 +267,7 @@ class Worker:
         """
         fresh = True  # the channel has been read since the last step
         while True:
-            waking = None
+            arm = False
             with self.lock:
                 if self.leader is not me:
                     return
@@ -273,16 +277,26 @@ class Worker:
                     me.step = (math.inf, time.monotonic())  # before the standby can see it stepping
                     if not self.stepping:
                         self.batches += 1
-                        waking, self.sleeping = self.sleeping, None
+                        arm = self.asleep and not self.armed
+                        self.armed |= arm
                 self.stepping = hosted is not None  # never while reading: the lead moves only in a step
-            if waking is not None:
-                waking.wake.release()
+            if arm:
+                self.alarm.set()
             if hosted is not None:
                 self._run(hosted, me)
                 fresh = False
             elif runnable or not self._prepare_spare():
+                if not runnable and self.armed:  # going idle: the standby sleeps on
+                    self._disarm()
                 self._read(block=not runnable)
                 fresh = True
+
+    def _disarm(self) -> None:
+        """(Leading.) Take back the alarm set as stepping began, unless it has woken the standby."""
+        with self.lock:
+            disarm, self.armed = self.armed, False
+        if disarm:
+            self.alarm.disarm()
 
     def _read(self, *, block: bool) -> None:
         """(Leading.) Dispatch what has arrived; with ``block``, wait until something does. One
@@ -342,7 +356,9 @@ class Worker:
         """(The standby.) Return once ``me`` has taken the lead from a leader whose step is long:
         one that has used ``TURN_CHECK_S`` of CPU or lasted ten times as long. Checks at once, then
         this often while the leader runs steps; after a check that found it idle since the one
-        before, waits until it steps again.
+        before, sleeps until the alarm the leader sets as it steps again rings, ``TURN_CHECK_S``
+        later (``alarm.py``): a leader back on the channel by then disarms it, and its short steps
+        cost no wake-up.
 
         The checks take no lock (the leader holds it often): only the standby moves the lead, so
         ``leader`` stays, and what a check reads of it is confirmed under the lock before
@@ -358,11 +374,11 @@ class Worker:
                     return
             elif batches == seen:
                 with self.lock:
-                    if not self.stepping and self.batches == seen:
-                        self.sleeping = me
-                    sleeping = self.sleeping is me
-                if sleeping:
-                    me.wake.acquire()
+                    self.asleep = not self.stepping and self.batches == seen
+                if self.asleep:
+                    self.alarm.wait()
+                    with self.lock:
+                        self.asleep = self.armed = False
                     continue
             seen = batches
             time.sleep(TURN_CHECK_S)

@@ -11,7 +11,8 @@ or write files, because the kernel refuses.
    daemon's user may not create one (not root), inside a new user namespace, where the
    kernel allows an unprivileged one, with every capability it grants dropped again;
 2. dropping to an unprivileged user (``nobody``) when running as root;
-3. closing every inherited file descriptor except the worker's channel;
+3. closing every inherited file descriptor except the worker's channel (and the timer its
+   runners share, ``alarm.py``);
 4. resource limits: an address-space backstop above the QuickJS memory
    limit, a CPU-time backstop (hard as well as soft), no core files, no file
    writes (size 0), a small open-file limit, no new processes;
@@ -80,7 +81,8 @@ ALLOWED_SYSCALLS: Final = {
     "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "exit": 60, "getrlimit": 97, "getrusage": 98, "getuid": 102,
     "getgid": 104, "geteuid": 107, "getegid": 108, "sigaltstack": 131,
     "gettid": 186, "futex": 202, "restart_syscall": 219, "clock_gettime": 228, "clock_getres": 229,
-    "clock_nanosleep": 230, "exit_group": 231, "set_robust_list": 273, "getrandom": 318, "rseq": 334,
+    "clock_nanosleep": 230, "exit_group": 231, "set_robust_list": 273, "timerfd_settime": 286,
+    "getrandom": 318, "rseq": 334,
 }  # fmt: skip
 # Allowed only for some arguments: mmap and mprotect without PROT_EXEC (W^X: QuickJS does
 # not JIT, so no new code is ever mapped); prlimit64 only to read this process's limits.
@@ -255,12 +257,15 @@ def network_mechanism(enabled: bool, found: Capabilities | None = None) -> str:
     return (found or capabilities()).network_mechanism if enabled else "none"
 
 
-def close_inherited_fds(keep: int) -> None:
-    """Close every file descriptor but ``keep``."""
+def close_inherited_fds(*keep: int) -> None:
+    """Close every file descriptor but those in ``keep``."""
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     top = limit if 0 < limit < 1 << 20 else 4096
-    os.closerange(0, keep)
-    os.closerange(keep + 1, top)
+    low = 0
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, top)
 
 
 def set_cpu_backstop(seconds: float) -> None:
@@ -407,10 +412,11 @@ def _clear_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def confine(channel: int, limits: Limits) -> list[str]:
-    """Confine this process (see the module docstring). Returns what could not be applied."""
+def confine(keep: Iterable[int], limits: Limits) -> list[str]:
+    """Confine this process (see the module docstring), its file descriptors but ``keep`` (the
+    channel's, the alarm's) closed. Returns what could not be applied."""
     missing = list(_isolated) if _isolated is not None else isolate()
-    close_inherited_fds(channel)
+    close_inherited_fds(*keep)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
