@@ -8,8 +8,8 @@ the latency client:
 - resume latency: from sending a ``tool_result`` to receiving the next ``tool_call`` of an
   execution making sequential tool calls;
 - cancel latency, from ``cancel`` to ``done`` (the TypeScript host force-closes 25 ms after it
-  cancels): for a guest awaiting a tool, and for a guest spinning after a tool call (which proves
-  it runs) and a log line, which must survive the cancel;
+  cancels): for a guest awaiting a tool, and for a guest spinning after a log line, which must
+  survive the cancel (a tool call after the line proves it written);
 - timeout lateness: ``done`` of a spinning guest with ``timeoutMs`` 300, against ``timeoutMs``.
 
 ``--spinners 0`` measures the same on an idle daemon; ``--spinners 64`` with every core saturated.
@@ -33,7 +33,8 @@ from benchkit.workload import OPTIONS, cancel_message, execute_message, provider
 
 SPIN_MS = 120_000
 MANIFEST = providers("echo", "hang")  # ``hang`` is never answered
-SPINNING = "await tools.echo(1); console.log('before'); while (true) {}"
+# Its second tool call shows that the line is written; once that is answered, the guest spins.
+SPINNING = "await tools.echo(1); console.log('before'); await tools.echo(2); while (true) {}"
 
 
 def spin(url: str, index: int, stop: threading.Event) -> None:
@@ -77,6 +78,7 @@ def cancel_latencies(url: str, rounds: int, code: str) -> tuple[list[float], int
         call = client.receive()  # the guest is running, awaiting a tool
         if code == SPINNING:
             client.send(tool_result(call))
+            client.send(tool_result(client.receive()))  # the line is written
             time.sleep(0.02)  # now spinning
         sent = time.perf_counter()
         client.send(cancel_message(f"cancel-{index}"))
