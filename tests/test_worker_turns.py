@@ -95,7 +95,7 @@ def _served(
 
 def test_short_steps_run_on_the_thread_that_reads_the_channel(monkeypatch: pytest.MonkeyPatch) -> None:
     """No hand-off per message: while no step is long, the leader reads every message and runs every step."""
-    monkeypatch.setattr(loop, "_long", lambda runner, step: False)
+    monkeypatch.setattr(loop._Watch, "long", lambda self, runner, step: False)
     threads: list[int] = []
 
     def record(worker: Worker) -> None:
@@ -151,10 +151,11 @@ def test_a_worker_with_one_runner_makes_no_spare() -> None:
 
 
 class _SlowToMake(GuestRun):
-    """A guest whose making (runtime, normalized code) takes 2 ms of CPU, twice ``TURN_CHECK_S``."""
+    """A guest whose making (runtime, normalized code) takes four times ``TURN_CHECK_S`` of CPU:
+    counted, the standby's checks would find it long."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        end = time.thread_time() + 2 * TURN_CHECK_S
+        end = time.thread_time() + 4 * TURN_CHECK_S
         while time.thread_time() < end:
             pass
         super().__init__(*args, **kwargs)
@@ -163,6 +164,8 @@ class _SlowToMake(GuestRun):
 def test_making_a_guest_never_counts_as_a_long_step(monkeypatch: pytest.MonkeyPatch) -> None:
     # A loaded worker once counted it: every runner went on without the turn, and contended for the GIL.
     monkeypatch.setattr(loop, "GuestRun", _SlowToMake)
+    # By the wall clock a step is long on a loaded machine whatever it runs: its CPU is under test.
+    monkeypatch.setattr(loop, "STARVED_S", math.inf)
     # The heap-trim count is the process's: runtimes freed by earlier tests could make one of these
     # steps trim the heap, a step long by the wall clock that passes the lead as it should.
     monkeypatch.setattr(guest, "_shrinking", guest._Shrinking())

@@ -49,7 +49,6 @@ from __future__ import annotations
 import _thread
 import argparse
 import collections
-import math
 import os
 import signal
 import socket
@@ -76,10 +75,11 @@ SWITCH_INTERVAL_S: Final = 0.0002
 # Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
 NICENESS: Final = 10
 DEFAULT_THREADS: Final = 16
-# The standby checks at once, then this often, whether the leader is in a long step: one that has
-# used this much CPU (a guest computing), or lasted ten times as long (blocked, or starved of CPU).
-# Then it takes the lead: a spinning guest delays its neighbours by about this much.
+# The standby checks this often whether the leader is in a long step: one that has used half this
+# much CPU (a guest computing) between two checks, or lasted ten times as long (blocked, or starved
+# of CPU). Then it takes the lead: a spinning guest delays its neighbours by about twice this much.
 TURN_CHECK_S: Final = 0.001
+STARVED_S: Final = 10 * TURN_CHECK_S
 _READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
@@ -127,13 +127,13 @@ class _Threads:
 
 @dataclass(eq=False, slots=True)
 class Runner:
-    """One runner thread: what wakes it, its CPU clock, and where its current step began."""
+    """One runner thread: what wakes it, its CPU clock, and when its current step began."""
 
     wake: threading.Lock  # held; released by whoever wakes the thread (see ``Worker._join``)
     clock: int
-    # The CPU and wall-clock time as its step began (CPU inf: counted by wall-clock time only). One
-    # attribute, so that the standby reads both of one step.
-    step: tuple[float, float] = (math.inf, 0.0)
+    # Whether the step's CPU counts (else only its wall-clock time), and when it began. A new tuple
+    # for each step, so that the standby tells the steps apart; one attribute, read at once.
+    step: tuple[bool, float] = (False, 0.0)
     current: tuple[int, GuestRun] | None = None  # the slot and guest of the step it runs (the log pump's)
 
 
@@ -274,7 +274,7 @@ class Worker:
                 runnable = bool(self.ready) and self.running < self.threads
                 hosted = self.ready.popleft() if runnable and fresh else None
                 if hosted is not None:
-                    me.step = (math.inf, time.monotonic())  # before the standby can see it stepping
+                    me.step = (False, time.monotonic())  # before the standby can see it stepping
                     if not self.stepping:
                         self.batches += 1
                         arm = self.asleep and not self.armed
@@ -353,12 +353,11 @@ class Worker:
             self.interrupter.request(poke)
 
     def _stand_by(self, me: Runner) -> None:
-        """(The standby.) Return once ``me`` has taken the lead from a leader whose step is long:
-        one that has used ``TURN_CHECK_S`` of CPU or lasted ten times as long. Checks at once, then
-        this often while the leader runs steps; after a check that found it idle since the one
-        before, sleeps until the alarm the leader sets as it steps again rings, ``TURN_CHECK_S``
-        later (``alarm.py``): a leader back on the channel by then disarms it, and its short steps
-        cost no wake-up.
+        """(The standby.) Return once ``me`` has taken the lead from a leader whose step is long
+        (``_Watch``). Checks at once, then every ``TURN_CHECK_S`` while the leader runs steps;
+        after a check that found it idle since the one before, sleeps until the alarm the leader
+        sets as it steps again rings, ``TURN_CHECK_S`` later (``alarm.py``): a leader back on the
+        channel by then disarms it, and its short steps cost no wake-up.
 
         The checks take no lock (the leader holds it often): only the standby moves the lead, so
         ``leader`` stays, and what a check reads of it is confirmed under the lock before
@@ -366,11 +365,12 @@ class Worker:
         leader = self.leader
         assert leader is not None  # the first runner to start leads
         seen = -1
+        watch = _Watch()
         while True:
             batches = self.batches
             if self.stepping:
                 step = leader.step
-                if _long(leader, step) and self._take_lead(me, leader, step):
+                if watch.long(leader, step) and self._take_lead(me, leader, step):
                     return
             elif batches == seen:
                 with self.lock:
@@ -383,7 +383,7 @@ class Worker:
             seen = batches
             time.sleep(TURN_CHECK_S)
 
-    def _take_lead(self, me: Runner, leader: Runner, step: tuple[float, float]) -> bool:
+    def _take_lead(self, me: Runner, leader: Runner, step: tuple[bool, float]) -> bool:
         """(The standby.) Take the lead if ``leader`` is still in ``step``; another runner stands by."""
         with self.lock:
             if not self.stepping or leader.step is not step:
@@ -534,18 +534,35 @@ def _batched(messages: list[ipc.ToWorker]) -> list[ipc.ToWorker | list[ipc.Settl
 
 def _step_begins(runner: Runner, *, counting_cpu: bool = True) -> None:
     """(Leading.) A step of ``runner`` starts now: the standby measures a long one from here, by
-    its wall-clock time only while not ``counting_cpu``."""
-    runner.step = (time.clock_gettime(runner.clock) if counting_cpu else math.inf, time.monotonic())
+    its wall-clock time only while not ``counting_cpu``.
+
+    Its CPU clock is not read here: reading a thread's CPU clock is a system call (the vDSO
+    serves only the wall clocks), and one as each step began was among the dearest parts of a
+    tool call in the worker."""
+    runner.step = (counting_cpu, time.monotonic())
 
 
-def _long(runner: Runner, step: tuple[float, float]) -> bool:
-    """Whether ``runner``'s ``step`` has used ``TURN_CHECK_S`` of CPU or lasted ten times as long (its
-    CPU clock is read only once the step could have used that much)."""
-    cpu, began = step
-    lasted = time.monotonic() - began
-    return lasted >= 10 * TURN_CHECK_S or (
-        lasted >= TURN_CHECK_S and time.clock_gettime(runner.clock) - cpu >= TURN_CHECK_S
-    )
+@dataclass(slots=True)
+class _Watch:
+    """(The standby's.) The leader's step it first saw at its last check, and the leader's CPU
+    clock then: the CPU a step has used is counted from the standby's first sight of it."""
+
+    step: tuple[bool, float] | None = None
+    cpu: float = 0.0
+
+    def long(self, runner: Runner, step: tuple[bool, float]) -> bool:
+        """Whether ``runner``'s ``step`` has lasted ``STARVED_S``, or (if its CPU counts) used half
+        of ``TURN_CHECK_S`` since this watch first saw it, a check or more ago."""
+        counting, began = step
+        if time.monotonic() - began >= STARVED_S:
+            return True
+        if not counting:
+            return False
+        cpu = time.clock_gettime(runner.clock)
+        if step is not self.step:
+            self.step, self.cpu = step, cpu
+            return False
+        return cpu - self.cpu >= TURN_CHECK_S / 2
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
