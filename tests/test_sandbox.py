@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
 import subprocess
@@ -131,6 +132,24 @@ def test_a_ready_worker_has_no_writable_code() -> None:
             writable_code = [line for line in maps if {"w", "x"} <= set(line.split()[1])]
         assert writable_code == []
     process.wait(timeout=30)
+
+
+def test_the_kernel_names_the_same_writable_code_as_the_maps_file() -> None:
+    """What ``PROCMAP_QUERY`` answers (None: a kernel without it) is what reading the file finds."""
+    writable = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)  # writable code
+    try:
+        fd = os.open("/proc/self/maps", os.O_RDONLY)
+        try:
+            asked = sandbox._writable_executable(fd)
+        finally:
+            os.close(fd)
+        with open("/proc/self/maps") as maps:
+            spans = [line.split()[0] for line in maps if {"w", "x"} <= set(line.split()[1])]
+        read = [tuple(int(address, 16) for address in span.split("-")) for span in spans]
+        assert asked is None or asked == read
+        assert asked is None or asked  # the page made here is among them
+    finally:
+        writable.close()
 
 
 def test_the_worker_drops_root_and_leaves_the_network(probed: tuple[ipc.Probed, int]) -> None:

@@ -578,11 +578,21 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def address_space(max_memory: int, max_output: int, threads: int) -> int:
-    """The address-space backstop: what the process maps now, the runner stacks, room for
+def mapped_bytes() -> int:
+    """What this process maps now."""
+    fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return int(os.read(fd, 4096).split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    finally:
+        os.close(fd)
+
+
+def address_space(max_memory: int, max_output: int, threads: int, mapped: int | None = None) -> int:
+    """The address-space backstop: what the process maps now (``mapped``, when the zygote read it
+    just before forking this process, which has mapped nothing since), the runner stacks, room for
     the largest QuickJS heap and copies of the largest output, plus slack."""
-    with open("/proc/self/statm") as statm:
-        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    if mapped is None:
+        mapped = mapped_bytes()
     return mapped + (threads + 1) * STACK_BYTES + 2 * max_memory + 4 * max_output + (256 << 20)
 
 
@@ -599,8 +609,9 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> int:
-    """Be a worker on channel ``fd`` until it closes; the process's exit status."""
+def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None, mapped: int | None = None) -> int:
+    """Be a worker on channel ``fd`` until it closes; the process's exit status. ``runtime`` and
+    ``mapped`` (what the process maps): made or read by the zygote just before it forked this one."""
     # The daemon owns signals; a Ctrl-C in the terminal must not kill workers first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -608,7 +619,7 @@ def run(fd: int, args: argparse.Namespace, runtime: Runtime | None = None) -> in
         limits = None
         if not args.no_sandbox:
             limits = sandbox.Limits(
-                address_space_bytes=address_space(args.max_memory, args.max_output, args.threads),
+                address_space_bytes=address_space(args.max_memory, args.max_output, args.threads, mapped),
                 cpu_seconds=args.cpu_seconds,
             )
         try:

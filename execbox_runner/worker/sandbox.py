@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import functools
 import os
 import platform
@@ -93,6 +94,16 @@ PROT_READ: Final = 1
 PROT_WRITE: Final = 2
 PROT_EXEC: Final = 4
 MAP_PRIVATE_ANONYMOUS: Final = 0x22
+# PROCMAP_QUERY (Linux 6.11): ask /proc/PID/maps for the mappings with given permissions, without
+# the kernel formatting every line of the file (paths included). ``_IOWR('f', 17, struct
+# procmap_query)``; the struct's fields, all in, out or both: size, query_flags, query_addr,
+# vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode, dev_major, dev_minor,
+# vma_name_size, build_id_size, vma_name_addr, build_id_addr.
+PROCMAP_QUERY: Final = 0xC0686611
+_PROCMAP_QUERY_STRUCT: Final = struct.Struct("=9Q4I2Q")
+PROCMAP_QUERY_VMA_WRITABLE: Final = 0x02
+PROCMAP_QUERY_VMA_EXECUTABLE: Final = 0x04
+PROCMAP_QUERY_COVERING_OR_NEXT_VMA: Final = 0x10
 
 # How workers are kept off the network: a network namespace made with CAP_SYS_ADMIN (root);
 # one made inside a new user namespace (no privileges needed where the kernel allows it); none.
@@ -184,25 +195,33 @@ def _allowlist() -> bytes:
     return _filter(ALLOWED_SYSCALLS.values())
 
 
+@functools.cache
+def _seccomp_call() -> tuple[Callable[[], int], ctypes.Array[ctypes.c_char]]:
+    """The seccomp(2) call that installs the worker's filter, its arguments made, and the buffer
+    holding the program (kept alive with it). Made once, by the zygote before it forks (see
+    ``isolate``): a ctypes array type, a structure and a function's argument types are made
+    in every child otherwise, on the way to its Ready."""
+    program = _allowlist()
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    syscall = _libc().syscall
+    syscall.restype = ctypes.c_long
+    arguments = (
+        ctypes.c_long(SYS_SECCOMP_X86_64),
+        ctypes.c_long(SECCOMP_SET_MODE_FILTER),
+        ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC),
+        ctypes.pointer(fprog),
+    )
+    return functools.partial(syscall, *arguments), buffer
+
+
 def _install_allowlist() -> None:
     """``no_new_privs`` and the worker's seccomp filter, for this process and all its threads."""
-    program = _allowlist()
+    install, _ = _seccomp_call()
     libc = _libc()
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    instructions = len(program) // 8
-    buffer = ctypes.create_string_buffer(program)
-    fprog = _SockFprog(instructions, ctypes.cast(buffer, ctypes.c_void_p))
-    libc.syscall.restype = ctypes.c_long
-    if (
-        libc.syscall(
-            ctypes.c_long(SYS_SECCOMP_X86_64),
-            ctypes.c_long(SECCOMP_SET_MODE_FILTER),
-            ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC),
-            ctypes.byref(fprog),
-        )
-        != 0
-    ):
+    if install() != 0:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
 
 
@@ -286,13 +305,48 @@ def seal_executable_mappings() -> None:
     before the fork) is one: code written there could run. Nothing writes it again
     after start-up (no callback is made or freed later), and seccomp refuses
     PROT_EXEC from now on, so the process's code is fixed.
+
+    The kernel is asked for just those mappings (``PROCMAP_QUERY``) where it can answer; else
+    every line of ``/proc/self/maps`` is read, which costs the kernel far more (it formats each
+    mapping's path).
     """
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            span, permissions = line.split()[:2]
-            if "w" in permissions and "x" in permissions:
-                start, end = (int(address, 16) for address in span.split("-"))
-                _protect(start, end - start, PROT_READ | PROT_EXEC)
+    fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        spans = _writable_executable(fd)
+    finally:
+        os.close(fd)
+    if spans is None:
+        spans = []
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, permissions = line.split()[:2]
+                if "w" in permissions and "x" in permissions:
+                    start, end = (int(address, 16) for address in span.split("-"))
+                    spans.append((start, end))
+    for start, end in spans:
+        _protect(start, end - start, PROT_READ | PROT_EXEC)
+
+
+def _writable_executable(maps: int) -> list[tuple[int, int]] | None:
+    """The start and end of each mapping both writable and executable, asked of ``maps`` (an open
+    ``/proc/self/maps``) with ``PROCMAP_QUERY``; None where the kernel does not know it."""
+    query = _PROCMAP_QUERY_STRUCT
+    flags = PROCMAP_QUERY_VMA_WRITABLE | PROCMAP_QUERY_VMA_EXECUTABLE | PROCMAP_QUERY_COVERING_OR_NEXT_VMA
+    spans: list[tuple[int, int]] = []
+    address = 0
+    while True:
+        buffer = bytearray(query.pack(query.size, flags, address, *[0] * 12))
+        try:
+            fcntl.ioctl(maps, PROCMAP_QUERY, buffer)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return spans  # no mapping at or above ``address`` has both permissions
+            if exc.errno in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP) and not spans:
+                return None  # a kernel without the query (before 6.11)
+            raise
+        start, end = query.unpack_from(buffer)[3:5]
+        spans.append((start, end))
+        address = end
 
 
 _isolated: list[str] | None = None  # once isolate() ran in this process: what it could not apply
@@ -334,7 +388,7 @@ def isolate() -> list[str]:
             missing.append("drop_privileges")
     _isolated = missing
     if seccomp_supported():  # what confine needs, made here once: each child inherits it made
-        _allowlist()
+        _seccomp_call()
     return missing
 
 

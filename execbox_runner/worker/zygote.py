@@ -75,6 +75,7 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
         if not fds:
             return  # the daemon closed the control socket
         channel = fds[0]
+        mapped = loop.mapped_bytes()  # the child's too, as it starts: read here, where it is cheap
         pid = os.fork()
         if pid == 0:
             signal.set_wakeup_fd(-1)
@@ -82,7 +83,7 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
             control.close()
             os.close(wakeup)
             os.close(wakeup_in)
-            os._exit(loop.run(channel, args, runtime))
+            os._exit(loop.run(channel, args, runtime, mapped))
         os.close(channel)
         try:
             control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.FORKED, pid, 0))
