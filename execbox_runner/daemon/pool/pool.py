@@ -26,6 +26,7 @@ why, and is counted by reason in ``exit_reasons`` (``workers.exit_cause``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -428,7 +429,10 @@ class WorkerPool:
         if not worker.leases:
             worker.idle_since = trio.current_time()
             if worker.retiring:
-                worker.kill(worker.retiring)
+                # Killed once the reactor's pass has written what it sends (the last execution's
+                # ``done`` among it): signalling a process, and its exit, need not come first.
+                worker.alive = False
+                self.reactor.later(functools.partial(worker.kill, worker.retiring))
             self._wake_spawner.set()  # an idle tenant's worker is retired in time
         self._serve_waiting()
 
