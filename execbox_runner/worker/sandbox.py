@@ -44,7 +44,7 @@ import struct
 import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 from . import prefault
 
@@ -389,6 +389,7 @@ def isolate() -> list[str]:
     _isolated = missing
     if seccomp_supported():  # what confine needs, made here once: each child inherits it made
         _seccomp_call()
+    _mprotect()
     return missing
 
 
@@ -553,10 +554,16 @@ def _map(protection: int) -> int:
     return int(address)
 
 
+@functools.cache
+def _mprotect() -> Callable[[int, int, int], int]:
+    """libc's mprotect with its argument types set (by the zygote before it forks: see ``isolate``)."""
+    mprotect = _libc().mprotect
+    mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return cast(Callable[[int, int, int], int], mprotect)
+
+
 def _protect(start: int, length: int, protection: int) -> None:
-    libc = _libc()
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.mprotect(start, length, protection) != 0:
+    if _mprotect()(start, length, protection) != 0:
         raise OSError(ctypes.get_errno(), "mprotect")
 
 
