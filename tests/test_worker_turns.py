@@ -15,9 +15,10 @@ from typing import Any, SupportsIndex
 import pytest
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker import guest, loop
+from execbox_runner.worker import guest, loop, runners
 from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun, Runtime
-from execbox_runner.worker.loop import TURN_CHECK_S, Hosted, Runner, Worker, _batched
+from execbox_runner.worker.loop import Hosted, Worker, _batched
+from execbox_runner.worker.runners import TURN_CHECK_S, Runner
 from execbox_runner.worker.turns import LONG_S, QUANTUM_S, Turns
 
 from .guestkit import run_message
@@ -95,7 +96,7 @@ def _served(
 
 def test_short_steps_run_on_the_thread_that_reads_the_channel(monkeypatch: pytest.MonkeyPatch) -> None:
     """No hand-off per message: while no step is long, the leader reads every message and runs every step."""
-    monkeypatch.setattr(loop._Watch, "long", lambda self, runner, step: False)
+    monkeypatch.setattr(runners.Watch, "long", lambda self, runner, step: False)
     threads: list[int] = []
 
     def record(worker: Worker) -> None:
@@ -165,7 +166,7 @@ def test_making_a_guest_never_counts_as_a_long_step(monkeypatch: pytest.MonkeyPa
     # A loaded worker once counted it: every runner went on without the turn, and contended for the GIL.
     monkeypatch.setattr(loop, "GuestRun", _SlowToMake)
     # By the wall clock a step is long on a loaded machine whatever it runs: its CPU is under test.
-    monkeypatch.setattr(loop, "STARVED_S", math.inf)
+    monkeypatch.setattr(runners, "STARVED_S", math.inf)
     # The heap-trim count is the process's: runtimes freed by earlier tests could make one of these
     # steps trim the heap, a step long by the wall clock that passes the lead as it should.
     monkeypatch.setattr(guest, "_shrinking", guest._Shrinking())

@@ -46,7 +46,6 @@ Usage (by the zygote, which calls ``run``; standalone only in tests):
 
 from __future__ import annotations
 
-import _thread
 import argparse
 import collections
 import os
@@ -68,6 +67,7 @@ from .interrupter import Interrupter
 from .logpump import LogPump
 from .normalize import normalize
 from .prefault import Prefaulter
+from .runners import TURN_CHECK_S, Runner, Threads, Watch, step_begins
 from .turns import Turns
 
 # Threads share the GIL between engine calls; the default 5 ms switch interval would eat the abort grace.
@@ -75,11 +75,6 @@ SWITCH_INTERVAL_S: Final = 0.0002
 # Added to the worker's nice value: guests yield the CPU to the daemon that answers hosts.
 NICENESS: Final = 10
 DEFAULT_THREADS: Final = 16
-# The standby checks this often whether the leader is in a long step: one that has used half this
-# much CPU (a guest computing) between two checks, or lasted ten times as long (blocked, or starved
-# of CPU). Then it takes the lead: a spinning guest delays its neighbours by about twice this much.
-TURN_CHECK_S: Final = 0.001
-STARVED_S: Final = 10 * TURN_CHECK_S
 _READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
@@ -96,45 +91,6 @@ class Hosted:
     mailbox: list[ipc.ToWorker] = field(default_factory=list)
     scheduled: bool = False  # a runner thread owns this slot until its mailbox is empty
     aborting: bool = False
-
-
-class _Threads:
-    """Starts threads without waiting for each one to run, and waits once for all of them.
-
-    ``threading.Thread.start`` waits for each new thread to run: a hand-off between two threads
-    per thread, a large part of the start of a worker that hosts one execution. Confinement
-    waits for them all (``wait``): each has made its own start-up system calls by then."""
-
-    def __init__(self) -> None:
-        self._running = threading.Condition(threading.Lock())
-        self._started = 0
-        self._run = 0
-
-    def start(self, target: Callable[[], None]) -> None:
-        self._started += 1
-        _thread.start_new_thread(self._bootstrap, (target,))
-
-    def _bootstrap(self, target: Callable[[], None]) -> None:
-        with self._running:
-            self._run += 1
-            self._running.notify()
-        target()
-
-    def wait(self) -> None:
-        with self._running:
-            self._running.wait_for(lambda: self._run == self._started)
-
-
-@dataclass(eq=False, slots=True)
-class Runner:
-    """One runner thread: what wakes it, its CPU clock, and when its current step began."""
-
-    wake: threading.Lock  # held; released by whoever wakes the thread (see ``Worker._join``)
-    clock: int
-    # Whether the step's CPU counts (else only its wall-clock time), and when it began. A new tuple
-    # for each step, so that the standby tells the steps apart; one attribute, read at once.
-    step: tuple[bool, float] = (False, 0.0)
-    current: tuple[int, GuestRun] | None = None  # the slot and guest of the step it runs (the log pump's)
 
 
 class Worker:
@@ -181,7 +137,7 @@ class Worker:
             runtime = fresh_runtime()
         self.spare = runtime
         # Every thread starts before confinement: afterwards the kernel refuses new ones.
-        threads = _Threads()
+        threads = Threads()
         self.interrupter = Interrupter(threads.start)
         self.pump = LogPump(self._send, threads.start)
         if self.threads > 1 and native.HOLDS:  # a tenant's share of a machine (``Share``)
@@ -354,7 +310,7 @@ class Worker:
 
     def _stand_by(self, me: Runner) -> None:
         """(The standby.) Return once ``me`` has taken the lead from a leader whose step is long
-        (``_Watch``). Checks at once, then every ``TURN_CHECK_S`` while the leader runs steps;
+        (``runners.Watch``). Checks at once, then every ``TURN_CHECK_S`` while the leader runs steps;
         after a check that found it idle since the one before, sleeps until the alarm the leader
         sets as it steps again rings, ``TURN_CHECK_S`` later (``alarm.py``): a leader back on the
         channel by then disarms it, and its short steps cost no wake-up.
@@ -365,7 +321,7 @@ class Worker:
         leader = self.leader
         assert leader is not None  # the first runner to start leads
         seen = -1
-        watch = _Watch()
+        watch = Watch()
         while True:
             batches = self.batches
             if self.stepping:
@@ -455,7 +411,7 @@ class Worker:
         wall-clock time.
         """
         if me is not None:
-            _step_begins(me, counting_cpu=not isinstance(message, ipc.Run))
+            step_begins(me, counting_cpu=not isinstance(message, ipc.Run))
         if isinstance(message, ipc.Run):
             with self.lock:  # the prepared runtime is for exactly one execution
                 runtime, self.spare = self.spare, None
@@ -463,7 +419,7 @@ class Worker:
             if self.prefaulter is not None:
                 self.prefaulter.check()
             if me is not None:
-                _step_begins(me)
+                step_begins(me)
             with self.lock:
                 hosted.guest = guest
                 aborting = hosted.aborting
@@ -530,39 +486,6 @@ def _batched(messages: list[ipc.ToWorker]) -> list[ipc.ToWorker | list[ipc.Settl
         else:
             out.append([message])
     return out
-
-
-def _step_begins(runner: Runner, *, counting_cpu: bool = True) -> None:
-    """(Leading.) A step of ``runner`` starts now: the standby measures a long one from here, by
-    its wall-clock time only while not ``counting_cpu``.
-
-    Its CPU clock is not read here: reading a thread's CPU clock is a system call (the vDSO
-    serves only the wall clocks), and one as each step began was among the dearest parts of a
-    tool call in the worker."""
-    runner.step = (counting_cpu, time.monotonic())
-
-
-@dataclass(slots=True)
-class _Watch:
-    """(The standby's.) The leader's step it first saw at its last check, and the leader's CPU
-    clock then: the CPU a step has used is counted from the standby's first sight of it."""
-
-    step: tuple[bool, float] | None = None
-    cpu: float = 0.0
-
-    def long(self, runner: Runner, step: tuple[bool, float]) -> bool:
-        """Whether ``runner``'s ``step`` has lasted ``STARVED_S``, or (if its CPU counts) used half
-        of ``TURN_CHECK_S`` since this watch first saw it, a check or more ago."""
-        counting, began = step
-        if time.monotonic() - began >= STARVED_S:
-            return True
-        if not counting:
-            return False
-        cpu = time.clock_gettime(runner.clock)
-        if step is not self.step:
-            self.step, self.cpu = step, cpu
-            return False
-        return cpu - self.cpu >= TURN_CHECK_S / 2
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
