@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker import sandbox
+from execbox_runner.worker import sandbox, seccomp
 
 from . import otheruser
 from .daemonkit import _listening_url, children_of, client, run_to_done, stop
@@ -242,7 +242,7 @@ def refuse_unshare() -> None:
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
     libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(sandbox.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    assert libc.prctl(seccomp.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
     fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     assert libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog)) == 0, ctypes.get_errno()
 

@@ -7,7 +7,7 @@ the leader's step, for nothing in nearly every step: few run long. A ``timerfd``
 the delay unless the leader, going idle, disarms it first; the standby sleeps in ``read`` on
 it. Setting and disarming it are a system call each, made without releasing the GIL (a
 thread waiting for it would take it), and the one a confined worker needs is allowed
-(``sandbox.ALLOWED_SYSCALLS``); the timer is made before confinement.
+(``seccomp.ALLOWED_SYSCALLS``); the timer is made before confinement.
 """
 
 from __future__ import annotations
