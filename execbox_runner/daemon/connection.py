@@ -67,6 +67,46 @@ _P = ParamSpec("_P")
 
 
 class Connection:
+    # One per session, so slots: from 30 attributes on (CPython 3.11) an instance dict no longer
+    # shares its keys with the other sessions' and holds a whole hash table of its own.
+    __slots__ = (
+        "_close_deadline",
+        "_closed",
+        "_closed_by_us",
+        "_counted",
+        "_ended",
+        "_eof",
+        "_fragments",
+        "_fragments_wire",
+        "_idle_since",
+        "_lost_worker",
+        "_memory_held",
+        "_parser",
+        "_reactor",
+        "_record_dir",
+        "_replaceable",
+        "_requested",
+        "_run",
+        "_scrape",
+        "_spawn",
+        "_timer",
+        "_traceparent",
+        "_worker_pid",
+        "correlation_id",
+        "lease",
+        "ledger",
+        "peer",
+        "pool",
+        "recorder",
+        "session",
+        "settings",
+        "state",
+        "tenant",
+        "tenant_name",
+        "transport",
+        "ws",
+    )
+
     def __init__(
         self,
         reactor: Reactor,
