@@ -40,10 +40,6 @@
   const toWellFormed = uncurry(String.prototype.toWellFormed);
   const slice = uncurry(String.prototype.slice);
   const charCodeAt = uncurry(String.prototype.charCodeAt); // per code unit of every line logged
-  const Uint16ArrayCtor = Uint16Array;
-  const Uint32ArrayCtor = Uint32Array;
-  const atomicsLoad = Atomics.load;
-  const atomicsStore = Atomics.store;
   const MapCtor = Map;
   const mapGet = uncurry(Map.prototype.get);
   const mapSet = uncurry(Map.prototype.set);
@@ -110,8 +106,11 @@
   const pending = { __proto__: null }; // call id -> [resolve, reject]
   let outbox = ""; // JSON texts of [id, provider, tool, hasInput, input], comma-separated, since the last poll
   let logs = ""; // JSON texts of the lines logged since the last poll, comma-separated (without a ring)
-  let ringBuffer; // the worker's ring for log lines (see below), an ArrayBuffer, if it gave one
-  let ringUnits = 0; // its capacity in UTF-16 code units: 0, no ring
+  // The worker's ring for log lines (see console below), if it gave one: from the start,
+  // [its ArrayBuffer, its capacity in UTF-16 code units, Uint32Array, Uint16Array]; from the
+  // first line on, [a view of its counters, a view of its data, its capacity]. One name for
+  // all of it: each name a closure keeps costs every runtime a variable reference.
+  let ring = null;
   let nextCallId = 0;
   let logLines = 0;
   let maxLogLines = 0;
@@ -212,23 +211,9 @@
   // deadline, or cancelled while it spins, keeps every line. With the ring full, the
   // guest waits here until the worker has read some (or its deadline stops it). Nothing
   // here reads a property of the ring or its views: guest code can reach prototypes.
-  let ringHead = null; // the counters, then the data: views made on the first line
-  let ringData = null;
-  const toRing = (line) => {
-    if (ringHead === null) {
-      ringHead = new Uint32ArrayCtor(ringBuffer, 0, 2);
-      ringData = new Uint16ArrayCtor(ringBuffer, 16, ringUnits);
-    }
-    const length = line.length;
-    let written = ringHead[0];
-    for (let i = -2; i < length; ) {
-      let room = ringUnits - ((written - atomicsLoad(ringHead, 1)) >>> 0);
-      for (; room > 0 && i < length; room--, i++, written = (written + 1) >>> 0) {
-        ringData[written & (ringUnits - 1)] = i >= 0 ? charCodeAt(line, i) : i === -2 ? length & 0xffff : length >>> 16;
-      }
-      atomicsStore(ringHead, 0, written);
-    }
-  };
+  // The counters are plain elements, not Atomics (whose namespace, once touched, costs
+  // every runtime its methods' names): the engine runs one store at a time, in order,
+  // and the worker relies on x86-64's store order (logring.py).
   const log = (...args) => {
     let line = "";
     for (let i = 0; i < args.length; i++) {
@@ -254,8 +239,24 @@
     if (line.length > logCharsLeft) line = slice(line, 0, logCharsLeft);
     logCharsLeft -= line.length;
     logLines++;
-    if (ringUnits) toRing(toWellFormed(line));
-    else logs += (logs ? "," : "") + stringify(toWellFormed(line));
+    line = toWellFormed(line);
+    if (ring === null) {
+      logs += (logs ? "," : "") + stringify(line);
+      return;
+    }
+    if (ring.length === 4) ring = [new ring[2](ring[0], 0, 2), new ring[3](ring[0], 16, ring[1]), ring[1]];
+    const head = ring[0];
+    const data = ring[1];
+    const units = ring[2];
+    const length = line.length;
+    let written = head[0];
+    for (let i = -2; i < length; ) {
+      let room = units - ((written - head[1]) >>> 0);
+      for (; room > 0 && i < length; room--, i++, written = (written + 1) >>> 0) {
+        data[written & (units - 1)] = i >= 0 ? charCodeAt(line, i) : i === -2 ? length & 0xffff : length >>> 16;
+      }
+      head[0] = written;
+    }
   };
   hidden.value = { log, info: log, warn: log, error: log };
   defineProperty(G, "console", hidden);
@@ -346,13 +347,11 @@
     switch (op) {
       // The guest's function `a`, with the providers (JSON text `b`) and log limits (`c` lines,
       // `d` characters). `e` names the global through which the worker found this dispatcher;
-      // the ring for log lines, if there is one (of `f` code units, a power of two; else 0), is
-      // the global `e` + "_log".
+      // it holds the ring for log lines by now, if there is one (of `f` code units, a power of
+      // two; else 0). No guest code has run yet: the typed arrays' constructors are the engine's.
       case "start": {
+        if (f) ring = [G[e], f, G.Uint32Array, G.Uint16Array];
         delete G[e];
-        ringBuffer = G[e + "_log"];
-        delete G[e + "_log"];
-        ringUnits = f;
         maxLogLines = c;
         logCharsLeft = d;
         for (const [name, tools] of parse(b)) {

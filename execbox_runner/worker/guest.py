@@ -117,11 +117,12 @@ def fresh_runtime() -> Runtime:
     if _bytecode is None:
         _bytecode = native.Bytecode(f"globalThis[{json.dumps(_BOOTSTRAP_KEY)}] =\n{BOOTSTRAP}", "bootstrap.js")
     _bytecode.run(context)
+    api = context.get(_BOOTSTRAP_KEY)
     ring = None
-    if native.SHARES:
+    if native.SHARES:  # the ring in the dispatcher's place: no other global, no other name
         ring = LogRing()
-        native.share(context, _BOOTSTRAP_KEY + "_log", ring.address, HEADER_BYTES + 2 * CAPACITY)
-    return Runtime(context, context.get(_BOOTSTRAP_KEY), ring)  # the globals go as the guest starts
+        native.share(context, _BOOTSTRAP_KEY, ring.address, HEADER_BYTES + 2 * CAPACITY)
+    return Runtime(context, api, ring)  # the global goes as the guest starts
 
 
 class _Interrupted(Exception):

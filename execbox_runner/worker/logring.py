@@ -9,13 +9,15 @@ ends. Whoever ends an execution, the worker or the daemon, at a deadline, on a c
 or because the worker died, then has every line written until a few milliseconds before.
 
 A ring slot is ``SLOT_BYTES`` of a private anonymous mapping: a header of two 32-bit counters of
-UTF-16 code units, ``written`` (the engine's, advanced with ``Atomics.store`` once the units are in)
-and ``read`` (the worker's, advanced once it has copied them), then ``CAPACITY`` units of data,
-indexed by a counter modulo ``CAPACITY`` (a power of two, so the counters may wrap). A line is a
-record: its length in two units (low, then high), then its units, well formed. A guest that fills
-the ring waits in ``console.log`` until the worker has read some (or its deadline stops it); a line
-longer than the ring goes through it in pieces. On x86-64 the engine's stores and the worker's
-loads are ordered as written (total store order).
+UTF-16 code units, ``written`` (the engine's, advanced once the units are in) and ``read`` (the
+worker's, advanced once it has copied them), then ``CAPACITY`` units of data, indexed by a counter
+modulo ``CAPACITY`` (a power of two, so the counters may wrap). A line is a record: its length in
+two units (low, then high), then its units, well formed. A guest that fills the ring waits in
+``console.log`` until the worker has read some (or its deadline stops it); a line longer than the
+ring goes through it in pieces. Both sides read and write plain memory (the bootstrap uses no
+``Atomics``, which would cost every runtime the names of all its methods): the engine interprets one
+store at a time, in order, and on x86-64 the engine's stores and the worker's loads are seen in the
+order written (total store order).
 
 Pages are resident only once written: a guest that logs a line costs one page, one that never logs
 none. A slot goes back to the pool when its execution ends (the pages past the first given back
