@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import signal
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -112,6 +114,31 @@ def test_the_ring_of_every_execution_goes_back_to_the_pool() -> None:
             assert message.ok
     thread.join(timeout=5)
     assert len(logring._regions) == regions
+
+
+def _written(address: int) -> bool:
+    """Whether the page at ``address`` of this process is one of its own (written), not the zero page
+    a read maps (``/proc/self/pagemap``: present, and exclusively mapped)."""
+    try:
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(address // mmap.PAGESIZE * 8)
+            (entry,) = struct.unpack("<Q", pagemap.read(8))
+    except OSError as exc:
+        pytest.skip(f"no pagemap: {exc}")
+    return bool(entry >> 63 and entry >> 56 & 1)
+
+
+def test_a_ring_no_line_went_through_leaves_its_memory_unwritten() -> None:
+    """A guest that logs nothing costs its ring no page, while it runs or once the ring is back in
+    the pool: a worker that parked thousands of such guests keeps no page per slot after they end."""
+    guest = GuestRun(log_run("await null; 1"), streamed=True)
+    ring = guest.ring
+    assert ring is not None
+    ring._region.memory.madvise(mmap.MADV_DONTNEED, ring._offset, logring.SLOT_BYTES)  # a slot used before
+    assert not _written(ring.address)
+    finished = guest.start()
+    assert isinstance(finished, ipc.Finished) and finished.ok
+    assert ring.closed and not _written(ring.address)
 
 
 def test_a_guest_run_without_a_log_pump_keeps_its_lines_until_its_step_reports() -> None:

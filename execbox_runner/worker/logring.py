@@ -20,9 +20,10 @@ store at a time, in order, and on x86-64 the engine's stores and the worker's lo
 order written (total store order).
 
 Pages are resident only once written: a guest that logs a line costs one page, one that never logs
-none. A slot goes back to the pool when its execution ends (the pages past the first given back
-to the kernel if they were written); the pool grows a mapping of ``REGION_SLOTS`` slots at a time,
-within the slack of the worker's address-space backstop (``loop.address_space``).
+none, even once its slot went back to the pool as its execution ended (the counters are reset only
+where they moved, and the pages past the first given back to the kernel if they were written); the
+pool grows a mapping of ``REGION_SLOTS`` slots at a time, within the slack of the worker's
+address-space backstop (``loop.address_space``).
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class LogRing:
             written, _ = _COUNTERS.unpack_from(view, offset)
             if written > (_PAGE - HEADER_BYTES) // 2:  # wrote past the first page: give the others back
                 self._region.memory.madvise(mmap.MADV_DONTNEED, offset + _PAGE, SLOT_BYTES - _PAGE)
-            _COUNTERS.pack_into(view, offset, 0, 0)
+            if written:  # else the counters are still 0 (read follows written), their page maybe never touched
+                _COUNTERS.pack_into(view, offset, 0, 0)
             _free.append((self._region, offset))
         return lines
