@@ -68,8 +68,8 @@ def step_begins(runner: Runner, *, counting_cpu: bool = True) -> None:
     its wall-clock time only while not ``counting_cpu``.
 
     Its CPU clock is not read here: reading a thread's CPU clock is a system call (the vDSO
-    serves only the wall clocks), and one as each step began was among the dearest parts of a
-    tool call in the worker."""
+    serves only the wall clocks), one per step, which on a loaded machine is dear; the standby
+    reads it at its checks instead (``Watch``)."""
     runner.step = (counting_cpu, time.monotonic())
 
 

@@ -171,14 +171,10 @@ def seal_executable_mappings() -> None:
     every line of ``/proc/self/maps`` is read, which costs the kernel far more (it formats each
     mapping's path).
     """
-    fd = os.open("/proc/self/maps", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        spans = _writable_executable(fd)
-    finally:
-        os.close(fd)
-    if spans is None:
-        spans = []
-        with open("/proc/self/maps") as maps:
+    with open("/proc/self/maps") as maps:
+        spans = _writable_executable(maps.fileno())
+        if spans is None:
+            spans = []
             for line in maps:
                 span, permissions = line.split()[:2]
                 if "w" in permissions and "x" in permissions:

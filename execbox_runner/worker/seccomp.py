@@ -113,18 +113,12 @@ class _SockFprog(ctypes.Structure):
 
 
 @functools.cache
-def allowlist() -> bytes:
-    """The worker's filter, made once (by the zygote, before it forks: see ``isolate``)."""
-    return _filter(ALLOWED_SYSCALLS.values())
-
-
-@functools.cache
 def prepare() -> tuple[Callable[[], int], ctypes.Array[ctypes.c_char]]:
     """The seccomp(2) call that installs the worker's filter, its arguments made, and the buffer
     holding the program (kept alive with it). Made once, by the zygote before it forks (see
-    ``isolate``): a ctypes array type, a structure and a function's argument types are made
-    in every child otherwise, on the way to its Ready."""
-    program = allowlist()
+    ``isolate``): the program, a ctypes array type, a structure and a function's argument types
+    are made in every child otherwise, on the way to its Ready."""
+    program = _filter(ALLOWED_SYSCALLS.values())
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     syscall = _libc().syscall
@@ -140,11 +134,11 @@ def prepare() -> tuple[Callable[[], int], ctypes.Array[ctypes.c_char]]:
 
 def install() -> None:
     """``no_new_privs`` and the worker's seccomp filter, for this process and all its threads."""
-    install, _ = prepare()
+    call, _ = prepare()
     libc = _libc()
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if install() != 0:
+    if call() != 0:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
 
 
