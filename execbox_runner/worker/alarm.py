@@ -7,7 +7,9 @@ the leader's step, for nothing in nearly every step: few run long. A ``timerfd``
 the delay unless the leader, going idle, disarms it first; the standby sleeps in ``read`` on
 it. Setting and disarming it are a system call each, made without releasing the GIL (a
 thread waiting for it would take it), and the one a confined worker needs is allowed
-(``seccomp.ALLOWED_SYSCALLS``); the timer is made before confinement.
+(``seccomp.ALLOWED_SYSCALLS``); the timer is made before confinement. The C functions are
+looked up as this module is imported, in the zygote: a worker forked from it makes only its
+timer (looking them up in each new worker cost it more than the rest of its ``Worker``).
 """
 
 from __future__ import annotations
@@ -27,19 +29,22 @@ class _Itimerspec(ctypes.Structure):
     _fields_ = (("it_interval", _Timespec), ("it_value", _Timespec))
 
 
+_LIBC: Final = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL is kept across the calls
+_CREATE: Final = _LIBC.timerfd_create
+_CREATE.argtypes = (ctypes.c_int, ctypes.c_int)
+_SETTIME: Final = _LIBC.timerfd_settime
+_SETTIME.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
 class Alarm:
     """A one-shot timer of ``delay_s``: ``set`` it, ``disarm`` it, or ``wait`` until it rings."""
 
     def __init__(self, delay_s: float) -> None:
-        libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL is kept across the call
-        self.fd = libc.timerfd_create(_CLOCK_MONOTONIC, os.O_CLOEXEC)
+        self.fd = _CREATE(_CLOCK_MONOTONIC, os.O_CLOEXEC)
         if self.fd < 0:
             raise OSError(ctypes.get_errno(), "timerfd_create")
-        settime = libc.timerfd_settime
-        settime.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
         seconds, fraction = divmod(delay_s, 1.0)
         ringing = _Itimerspec(it_value=_Timespec(int(seconds), round(fraction * 1e9)))
-        self._settime = settime
         self._specs = (ringing, _Itimerspec())  # kept: the calls point into them
         self._ring, self._silence = (ctypes.addressof(spec) for spec in self._specs)
 
@@ -56,5 +61,5 @@ class Alarm:
         os.read(self.fd, 8)
 
     def _call(self, spec: int) -> None:
-        if self._settime(self.fd, 0, spec, None) != 0:
+        if _SETTIME(self.fd, 0, spec, None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime")

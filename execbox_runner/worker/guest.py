@@ -337,15 +337,23 @@ class GuestRun:
             self.context.set_max_stack_size(PARSE_STACK_BYTES)
         return True
 
-    def step(self) -> ipc.ToolCalls | ipc.Finished:
-        """Run every runnable job, then report what the guest did."""
+    def step(self, *, armed: bool = False) -> ipc.ToolCalls | ipc.Finished:
+        """Run every runnable job, then report what the guest did; ``armed``: the backstop was armed
+        just before (``settle``).
+
+        The backstop is armed once for the step: a job later in it gets what was left of the
+        budget as the step began, more than is left, so it still never fires early; the wall-clock
+        deadline and an interrupt are checked before every job."""
         if self.finished is not None:
             return self.finished
         try:
+            if not armed:
+                self._arm()
             while True:
                 if time.monotonic() >= self.deadline:
                     return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, self._salvage_logs())
-                self._arm()
+                if self.interrupt_requested:
+                    raise _Interrupted
                 if not self.context.execute_pending_job():
                     break
             calls, logs, outcome = _poll_decoder.decode(self.api("poll"))
@@ -395,19 +403,19 @@ class GuestRun:
             return self.finished
         self._refusals_before = self.memory.refusals  # the guest resumes: older refusals are not its failure's
         self._resumed = True
-        for message in messages:
-            if message.call_id not in self.waiting:
-                continue
-            self.waiting.discard(message.call_id)
-            value = None if message.value is None else message.value.decode()
-            try:
-                self._arm()
+        try:
+            self._arm()  # once, for these calls and the step after them (see ``step``)
+            for message in messages:
+                if message.call_id not in self.waiting:
+                    continue
+                self.waiting.discard(message.call_id)
+                value = None if message.value is None else message.value.decode()
                 self.api("settle", message.call_id, message.ok, value, message.code, message.message)
-            except quickjs.JSException as exc:
-                return self._engine_failure(exc)
-            except _Interrupted:
-                return self._interrupted()
-        return self.step()
+        except quickjs.JSException as exc:
+            return self._engine_failure(exc)
+        except _Interrupted:
+            return self._interrupted()
+        return self.step(armed=True)
 
     def interrupt(self) -> bool:
         """From another thread: stop the guest code running now. False once ``abort`` has begun.

@@ -37,7 +37,10 @@ class Turns:
 
     def __init__(self, start: Callable[[Callable[[], None]], None]) -> None:
         """``start`` starts the thread (as for the worker's other threads)."""
-        self._wake = threading.Condition(threading.Lock())
+        # Held through the lock itself where no wait is involved: a condition's own ``with`` is
+        # Python code, and every step of every guest passes here twice.
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._stepping: dict[GuestRun, float] = {}  # guest -> when its step began
         self._held: dict[GuestRun, float] = {}  # guest -> since when it waits for its turn
         self._turned: dict[GuestRun, float] = {}  # guest let go -> when its turn began
@@ -52,14 +55,14 @@ class Turns:
             self._look(time.monotonic())
 
     def stepping(self, guest: GuestRun) -> None:
-        with self._wake:
+        with self._lock:
             now = time.monotonic()
             self._stepping[guest] = now
             if self._share and len(self._stepping) > self._share:
                 self._look(now + LONG_S)  # when this step may have turned long
 
     def stepped(self, guest: GuestRun) -> None:
-        with self._wake:
+        with self._lock:
             began = self._stepping.pop(guest)
             self._turned.pop(guest, None)
             if self._held.pop(guest, None) is not None:  # an engine call ended its hold
