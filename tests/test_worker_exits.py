@@ -22,6 +22,7 @@ import trio
 
 from execbox_runner.daemon.config import Settings
 from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.pool import pool as pool_module
 from execbox_runner.daemon.pool.pool import WorkerPool
 from execbox_runner.daemon.pool.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.pool.worker import Lease, WorkerLost
@@ -290,6 +291,22 @@ async def test_a_worker_killed_at_its_cpu_time_backstop_says_so() -> None:
             await execution.receive()
         await wait_exits(pool, 1)
         assert pool.exit_reasons == {"cpu_limit": 1}
+
+
+async def test_a_tenants_idle_worker_is_stopped_once_idle_for_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An execution's end does not wake the pool: it sleeps until the first idle worker's time."""
+    idle_s = 0.5
+    monkeypatch.setattr(pool_module, "TENANT_IDLE_S", idle_s)
+    async with running_pool() as pool:
+        execution = Execution(pool, "tenant")
+        lease = await execution.leased()
+        lease.send(ipc.Run("1", 5.0, 1 << 24, 10, 1000, [], 1 << 20))
+        assert isinstance(await execution.receive(), ipc.Finished)
+        released = trio.current_time()
+        pool.release(lease)
+        await wait_exits(pool, 1)
+        assert pool.exit_reasons == {"idle": 1}
+        assert trio.current_time() - released >= idle_s
 
 
 def _parent(pid: int) -> int:

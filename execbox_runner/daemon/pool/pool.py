@@ -124,7 +124,7 @@ class WorkerPool:
                     self._top_up()
                 task_status.started()
                 while True:
-                    with trio.move_on_after(TENANT_IDLE_S):
+                    with trio.move_on_at(self._next_idle_retirement()):
                         await self._wait_change()
                     self._retire_idle_tenants()
                     self._top_up()
@@ -159,8 +159,20 @@ class WorkerPool:
     def _retire_idle_tenants(self) -> None:
         now = trio.current_time()
         for worker in list(self.workers):
-            if worker.tenant is not None and not worker.leases and now - worker.idle_since >= TENANT_IDLE_S:
+            if self._idle_tenant_worker(worker) and worker.idle_since + TENANT_IDLE_S <= now:
                 self._retire(worker, "idle")
+
+    def _next_idle_retirement(self) -> float:
+        """When the next tenant's worker idle now reaches ``TENANT_IDLE_S``, and ``TENANT_IDLE_S`` from
+        now at the latest: a worker that goes idle later does so that long before its own time, so
+        the pool need not be woken for it (an execution's end would wake it for nothing)."""
+        idle = (w.idle_since + TENANT_IDLE_S for w in self.workers if self._idle_tenant_worker(w))
+        return min(idle, default=trio.current_time() + TENANT_IDLE_S)
+
+    @staticmethod
+    def _idle_tenant_worker(worker: Worker) -> bool:
+        """A tenant's worker, live, with no execution, and not already on its way out."""
+        return worker.tenant is not None and not worker.leases and worker.alive and not worker.retiring
 
     async def _spawn(self) -> None:
         """Start a worker and relay its frames until it exits; after a failed start, pause before the
@@ -433,7 +445,6 @@ class WorkerPool:
                 # ``done`` among it): signalling a process, and its exit, need not come first.
                 worker.alive = False
                 self.reactor.later(functools.partial(worker.kill, worker.retiring))
-            self._wake_spawner.set()  # an idle tenant's worker is retired in time
         self._serve_waiting()
 
     def _retire(self, worker: Worker, reason: StopReason) -> None:
