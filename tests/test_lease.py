@@ -29,10 +29,15 @@ class Receiver:
         self.lost.append(str(reason))
 
 
-def _worker() -> tuple[Worker, socket.socket]:
-    """A worker's channel (no process, no reactor running: what it sends is written at once)."""
+def _worker(nursery: trio.Nursery | None = None) -> tuple[Worker, socket.socket]:
+    """A worker's channel (no process, no reactor running: what it sends is written at once);
+    its writer tasks start in ``nursery``."""
     ours, theirs = socket.socketpair()
-    return Worker(0, -1, ours, 1 << 20, Reactor()), theirs
+    return Worker(0, -1, ours, 1 << 20, Reactor(), nursery.start_soon if nursery else _no_tasks), theirs
+
+
+def _no_tasks(task: object) -> None:
+    raise AssertionError(f"{task!r} started: this test's channel always has room")
 
 
 def _calls(call_id: int) -> ipc.ToolCalls:
@@ -73,43 +78,59 @@ def _frames(data: bytes) -> list[tuple[int, ipc.ToWorker]]:
 
 
 async def test_frames_the_channel_does_not_take_at_once_follow_whole_and_in_order() -> None:
-    worker, other = _worker()
     settles = [ipc.Settle(call_id=n, ok=True, value=b"x" * 50_000) for n in range(40)]  # ~2 MB: more than the buffers
-    with other:
-        other.setblocking(False)
-        received = bytearray()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker.write_backlog)
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+        worker, other = _worker(nursery)
+        with other:
+            other.setblocking(False)
             for settle in settles:
                 worker.send(7, settle)
-            assert worker._backlog  # the channel did not take them all: the writer has the rest
+            assert worker._backlog  # the channel did not take them all: a writer task has the rest
             with trio.fail_after(10):
                 while len(_frames(bytes(received))) < len(settles):
                     await trio.lowlevel.wait_readable(other)
                     received += other.recv(1 << 20)
-            nursery.cancel_scope.cancel()
-    assert [(slot, message.call_id) for slot, message in _frames(bytes(received))] == [(7, n) for n in range(40)]
+                while worker._writing:  # the writer ends once the backlog is written
+                    await trio.sleep(0.01)
+            worker.send(8, ipc.Settle(call_id=40, ok=True))  # room again: written at once
+            with trio.fail_after(10):
+                await trio.lowlevel.wait_readable(other)
+            received += other.recv(1 << 20)
+    frames = [(slot, message.call_id) for slot, message in _frames(bytes(received))]
+    assert frames == [(7, n) for n in range(40)] + [(8, 40)]
 
 
 async def test_a_worker_that_stops_reading_its_channel_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers, "SEND_TIMEOUT_S", 0.2)
-    worker, other = _worker()
-    with other:
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(worker.write_backlog)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            worker, other = _worker(nursery)
+            with other:
                 while worker.alive:
                     worker.send(1, ipc.Settle(call_id=1, ok=True, value=b"x" * 100_000))
                     await trio.sleep(0.05)
-                nursery.cancel_scope.cancel()
     assert not worker.alive
+
+
+async def test_a_channel_closed_while_its_writer_waits_stops_the_writer() -> None:
+    """The pool closes a worker's channel as it ends: a writer waiting for room stops at once."""
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            worker, other = _worker(nursery)
+            with other:
+                worker.send(1, ipc.Settle(call_id=1, ok=True, value=b"x" * 4_000_000))
+                await trio.sleep(0.05)
+                assert worker._writing
+                worker.close()
+        assert not worker._writing
 
 
 async def test_what_one_pass_of_the_reactor_sends_a_worker_goes_in_one_write() -> None:
     """Frames sent while the reactor serves a pass are written together at its end."""
     reactor = Reactor()
     ours, theirs = socket.socketpair()
-    worker = Worker(0, -1, ours, 1 << 20, reactor)
+    worker = Worker(0, -1, ours, 1 << 20, reactor, _no_tasks)
     with theirs:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reactor.run)

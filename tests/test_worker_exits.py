@@ -9,6 +9,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import textwrap
 import time
@@ -26,6 +27,7 @@ from execbox_runner.daemon.pool import pool as pool_module
 from execbox_runner.daemon.pool.pool import WorkerPool
 from execbox_runner.daemon.pool.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.pool.worker import Lease, WorkerLost
+from execbox_runner.daemon.pool.zygote_client import ZygoteClient
 from execbox_runner.daemon.report import worker_arguments
 from execbox_runner.protocol import ipc
 
@@ -307,6 +309,53 @@ async def test_a_tenants_idle_worker_is_stopped_once_idle_for_its_time(monkeypat
         await wait_exits(pool, 1)
         assert pool.exit_reasons == {"idle": 1}
         assert trio.current_time() - released >= idle_s
+
+
+async def test_forks_asked_together_each_get_their_own_workers_pid() -> None:
+    """The zygote answers fork requests in order: each channel is paired with its own worker's PID
+    (killing that PID closes that channel and no other)."""
+    reactor = Reactor()
+    zygote = ZygoteClient(worker_arguments(Settings()), reactor)
+    forked: list[tuple[int, socket.socket]] = []
+
+    async def fork() -> None:
+        forked.append(await zygote.fork())
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reactor.run)
+            await zygote.start()
+            with trio.fail_after(WAIT_S):
+                async with trio.open_nursery() as forks:
+                    for _ in range(4):
+                        forks.start_soon(fork)
+            assert len({pid for pid, _ in forked}) == 4
+            for pid, channel in forked:
+                channel.setblocking(False)
+                os.kill(pid, signal.SIGKILL)
+                with trio.fail_after(WAIT_S):
+                    while _open(channel):  # its Ready, perhaps, then the end of its channel
+                        await trio.lowlevel.wait_readable(channel)
+                        with contextlib.suppress(BlockingIOError):
+                            channel.recv(1 << 16)
+                open_channels = [other for other_pid, other in forked if other_pid != pid and other.fileno() >= 0]
+                for other in open_channels:
+                    assert _open(other), f"killing {pid} closed another worker's channel"
+                channel.close()
+            await zygote.aclose()
+            nursery.cancel_scope.cancel()
+    finally:
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        reap({pid for pid, _ in forked})
+
+
+def _open(channel: socket.socket) -> bool:
+    """Whether the worker's end of ``channel`` is still open (its Ready may be waiting unread)."""
+    try:
+        data = channel.recv(1 << 16, socket.MSG_DONTWAIT | socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    return bool(data)
 
 
 def _parent(pid: int) -> int:

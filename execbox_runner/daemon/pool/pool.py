@@ -9,7 +9,9 @@ waits for room, in the order asked. The pool keeps ``warm`` spares ready.
 
 One relay task per worker follows it from its start to its end: the reactor
 reads its channel meanwhile (``workers.py``), and the pool routes each frame to
-its slot's lease. When a worker dies, every execution it held learns at once
+its slot's lease; the reactor also watches the process for its exit, and reads
+the zygote's reports (``zygote_client.py``), so a worker's start and end wake
+no other task. When a worker dies, every execution it held learns at once
 (``WorkerLost``) and the pool replaces it. A lease given up before its
 execution finished (timeout, cancel, host gone) is abandoned: the worker is
 told to abort it; one that has not complied within ``abandon_grace`` takes no
@@ -38,7 +40,7 @@ import trio
 
 from ...protocol import ipc
 from ..machine import usable_cores
-from ..net.reactor import Reactor
+from ..net.reactor import READ, Reactor
 from . import reaper
 from .sharing import REVIEW_S, Shares, Sharing
 from .worker import (
@@ -93,7 +95,7 @@ class WorkerPool:
         self.abandon_grace = abandon_grace
         self.reactor = reactor  # reads the workers' channels and batches what is written to them
         self.sharing = Sharing(shares) if shares is not None else None
-        self.zygote = ZygoteClient(worker_args)
+        self.zygote = ZygoteClient(worker_args, reactor)
         self.workers: set[Worker] = set()
         self.starting = 0  # worker starts under way
         self._waiting: deque[tuple[str, Callable[[Lease], None]]] = deque()  # tenant, and whom to give a slot
@@ -117,7 +119,7 @@ class WorkerPool:
             if self.sharing is not None:
                 nursery.start_soon(self._review_shares)
             try:
-                await self.zygote.start(nursery)
+                await self.zygote.start()
                 self._top_up()
                 while len(self._spares()) < self.warm:
                     await self._wait_change()
@@ -195,36 +197,43 @@ class WorkerPool:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             pidfd = -1  # exited at once: its channel reads as closed, its status comes from the zygote
-        return Worker(pid, pidfd, channel, self.max_frame, self.reactor)
+        assert self._nursery is not None
+        return Worker(pid, pidfd, channel, self.max_frame, self.reactor, self._nursery.start_soon)
 
     async def _relay(self, worker: Worker) -> None:
         """Follow the worker from its start: the reactor reads its channel (routed by ``_route``)
-        until it ends; then every lease left learns. Once it has exited too, count and log how it
-        ended.
+        until it ends, then every lease left learns; and it watches the process (its pidfd) for
+        its exit (``_exited``). Once both have ended, count and log how it ended. Nothing else
+        waits: a task and its cancel scopes per worker cost more than the reactor's callbacks.
 
         The channel is read to its end even after the process exits: the last
         messages of its executions may still be buffered there.
         """
         held = 0  # executions it hosted when its channel ended
+        if worker.pidfd >= 0:
+            self.reactor.register(worker.pidfd, READ, lambda _mask: self._exited(worker))
+        else:
+            self._exited(worker)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._watch_exit, worker)
-                async with trio.open_nursery() as channel:
-                    channel.start_soon(worker.write_backlog)
-                    worker.attach(self._route)
-                    try:
-                        await self._ready(worker)
-                        await worker.ended.wait()
-                        assert worker.end is not None
-                        raise worker.end
-                    except WorkerLost as exc:
-                        held = sum(not lease.finished for lease in worker.leases.values())
-                        await self._lost(worker, exc)
-                    finally:
-                        channel.cancel_scope.cancel()
+            try:
+                worker.attach(self._route)
+                try:
+                    await self._ready(worker)
+                    await worker.ended.wait()
+                    assert worker.end is not None
+                    raise worker.end
+                except WorkerLost as exc:
+                    held = sum(not lease.finished for lease in worker.leases.values())
+                    await self._lost(worker, exc)
+                await worker.gone.wait()
+            finally:
+                worker.close()
+                self._exited(worker)  # also when the pool stops: the worker is stopped with it
+            with trio.CancelScope(shield=True):  # bounded: a pool that stops meanwhile still learns it
+                status, cpu_limit = await self.zygote.exit_status(worker.pid)
+            worker.cause = exit_cause(status, worker.kill_reason, cpu_limit)
         finally:
-            worker.close()
-            self._count_exit(worker, held)
+            self._count_exit(worker, held)  # the pool stopped first: ``shutdown``
 
     def _route(self, worker: Worker, slot: int, message: ipc.FromWorker) -> None:
         """Hand a worker's frame to whom it concerns; WorkerLost if it concerns nobody it may."""
@@ -298,22 +307,20 @@ class WorkerPool:
                 await worker.gone.wait()
         worker.kill("misbehaved")
 
-    async def _watch_exit(self, worker: Worker) -> None:
-        """Wait for the worker to exit, whenever that is; forget it; learn how it ended."""
-        try:
-            await worker.exited()
-        finally:  # also when the pool stops: the worker is stopped with it
-            worker.alive = False
-            if worker.pidfd >= 0:
-                os.close(worker.pidfd)
-                worker.pidfd = -1
-            worker.gone.set()
-            self.workers.discard(worker)
-            self._share_out()
-            self._wake_spawner.set()
-        with trio.CancelScope(shield=True):  # bounded: a pool that stops meanwhile still learns it
-            status, cpu_limit = await self.zygote.exit_status(worker.pid)
-        worker.cause = exit_cause(status, worker.kill_reason, cpu_limit)
+    def _exited(self, worker: Worker) -> None:
+        """The worker's process has exited (its pidfd is readable; or it is no longer followed, as
+        the pool stops): forget it. Once only."""
+        if worker.gone.is_set():
+            return
+        worker.alive = False
+        if worker.pidfd >= 0:
+            self.reactor.unregister(worker.pidfd)
+            os.close(worker.pidfd)
+            worker.pidfd = -1
+        worker.gone.set()
+        self.workers.discard(worker)
+        self._share_out()
+        self._wake_spawner.set()
 
     def _count_exit(self, worker: Worker, held: int) -> None:
         """Count the worker's exit by reason and say, in one line, how it ended."""

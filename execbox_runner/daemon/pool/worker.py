@@ -8,7 +8,7 @@ A worker's channel is read by the reactor: each frame goes, at once, to the
 pool's router and from there to the receiver of its slot's lease (the
 session's connection). Frames to a worker are queued as the reactor's pass
 produces them and written together at its end; what the channel does not take
-is written in order by the worker's writer task, and a worker that has not
+is written in order by a writer task started for it, and a worker that has not
 taken it within ``SEND_TIMEOUT_S`` is killed. A worker is untrusted: whatever
 it sends is bounded (``max_frame``) and checked, and a worker that floods a
 slot's host is lost (``LEASE_BACKLOG_BYTES``). So is one that sends file
@@ -28,7 +28,7 @@ import os
 import select
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final, Literal, NamedTuple, Protocol, TypeAlias
 
 import trio
@@ -109,12 +109,16 @@ class ChannelClosed(WorkerLost):
 
 
 Router: TypeAlias = Callable[["Worker", int, ipc.FromWorker], None]
+# Starts an async function as a task (the pool's nursery's ``start_soon``).
+TaskStarter: TypeAlias = Callable[[Callable[[], Awaitable[None]]], None]
 
 
 class Worker:
     """One worker process, its channel and the executions it hosts."""
 
-    def __init__(self, pid: int, pidfd: int, channel: socket.socket, max_frame: int, reactor: Reactor) -> None:
+    def __init__(
+        self, pid: int, pidfd: int, channel: socket.socket, max_frame: int, reactor: Reactor, start_task: TaskStarter
+    ) -> None:
         self.pid = pid  # for reading its memory from /proc; signals go through the pidfd
         self.pidfd = pidfd
         channel.setblocking(False)
@@ -140,8 +144,9 @@ class Worker:
         self._frames = ipc.Unframer(max_frame)
         self._queued: list[bytes] = []  # frames of the reactor's current pass, written at its end
         self._backlog: list[bytes] = []  # frames the channel has not taken yet, for the writer task
-        self._writing = False  # the writer task holds frames it is writing
-        self._wake_writer = trio.Event()
+        self._writing = False  # a writer task is under way (see ``_write_backlog``)
+        self._start_task = start_task
+        self._writer: trio.CancelScope | None = None  # the writer task's, cancelled as the channel closes
         self._heaps: ipc.Heaps | None = None  # its answer to the last Measure
         self._measured = trio.Event()
 
@@ -215,6 +220,8 @@ class Worker:
 
     def close(self) -> None:
         self.lose(ChannelClosed("closed by the daemon"))
+        if self._writer is not None:
+            self._writer.cancel()  # at once: a writer waiting for the channel no longer watches it
         self.channel.close()
 
     # ------------------------------------------------------------------ writing
@@ -222,9 +229,9 @@ class Worker:
     def send(self, slot: int, message: ipc.ToWorker) -> None:
         """Send one frame after those sent before it: written with the others of the reactor's pass
         at its end, in one system call (at once outside a pass). The channel takes them whole unless
-        the worker has stopped reading; the rest goes through the writer task (a frame is never cut
-        short: half of one would garble the channel for every execution on it). A broken channel is
-        not the sender's to report: its reading ends, and every lease learns."""
+        the worker has stopped reading; the rest goes through a writer task, started for it (a frame
+        is never cut short: half of one would garble the channel for every execution on it). A
+        broken channel is not the sender's to report: its reading ends, and every lease learns."""
         self._queued.append(ipc.frame(slot, message))
         if len(self._queued) == 1:
             self._reactor.later(self._flush)
@@ -243,35 +250,36 @@ class Worker:
             return  # broken or closed: its reading ends, and every lease learns
         if sent < len(data):
             self._backlog.append(data[sent:])
-            self._wake_writer.set()
-
-    async def write_backlog(self) -> None:
-        """The writer task: write what the channel did not take at once, in order, until cancelled; a
-        worker that has not taken it within ``SEND_TIMEOUT_S`` is killed."""
-        fd = self.channel.fileno()
-        while True:
-            await self._wake_writer.wait()
-            self._wake_writer = trio.Event()
             self._writing = True
-            try:
-                with trio.move_on_after(SEND_TIMEOUT_S) as scope:
-                    while self._backlog:
-                        data = memoryview(b"".join(self._backlog))
-                        self._backlog = []
-                        while data:
-                            await trio.lowlevel.wait_writable(fd)
-                            try:
-                                data = data[os.write(fd, data) :]
-                            except BlockingIOError:
-                                continue
-                            except OSError:
-                                return  # broken: its reading ends, and every lease learns
-            finally:
-                self._writing = False
-            if scope.cancelled_caught:
-                log.warning("worker %d did not read its channel for %g s; killing it", self.pid, SEND_TIMEOUT_S)
-                self.kill("stuck")
-                return
+            self._start_task(self._write_backlog)
+
+    async def _write_backlog(self) -> None:
+        """A writer task: write what the channel did not take at once, in order, until none is left,
+        unless the channel closes first; a worker that has not taken it within ``SEND_TIMEOUT_S``
+        is killed. Started only when the channel is full, which a worker reading it rarely lets
+        happen: a task per worker, for its whole life, cost every worker's start and end."""
+        if self.end is not None:  # the channel ended before this task began
+            self._writing = False
+            return
+        fd = self.channel.fileno()
+        try:
+            with trio.CancelScope() as self._writer, trio.move_on_after(SEND_TIMEOUT_S) as scope:
+                while self._backlog:
+                    data = memoryview(b"".join(self._backlog))
+                    self._backlog = []
+                    while data:
+                        await trio.lowlevel.wait_writable(fd)
+                        try:
+                            data = data[os.write(fd, data) :]
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            return  # broken: its reading ends, and every lease learns
+        finally:
+            self._writing = False
+        if scope.cancelled_caught:
+            log.warning("worker %d did not read its channel for %g s; killing it", self.pid, SEND_TIMEOUT_S)
+            self.kill("stuck")
 
     # ------------------------------------------------------------------ the process
 
@@ -285,11 +293,6 @@ class Worker:
             signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
         except ProcessLookupError:
             pass  # already gone
-
-    async def exited(self) -> None:
-        """Return once the process has exited (it need not be our child)."""
-        if self.pidfd >= 0:
-            await trio.lowlevel.wait_readable(self.pidfd)
 
 
 def _readable(fd: int) -> bool:

@@ -8,17 +8,18 @@ at the next fork.
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import struct
 import subprocess
 import sys
+from collections import deque
 from typing import Final
 
 import trio
 
 from ...protocol import ipc
+from ..net.reactor import READ, Reactor
 from . import reaper
 
 # How long an exited worker's wait status may take to reach the daemon before it is called unknown.
@@ -34,30 +35,40 @@ class _Exit:
         self.cpu_limit = False  # killed at its CPU-time backstop
 
 
-class ZygoteClient:
-    """The daemon's side: start the zygote, ask it for workers, learn how each one exited."""
+class _Fork:
+    """A fork request sent, awaiting the zygote's answer: the new worker's PID (None: the zygote
+    exited first)."""
 
-    def __init__(self, worker_args: list[str]) -> None:
+    def __init__(self) -> None:
+        self.answered = trio.Event()
+        self.pid: int | None = None
+
+
+class ZygoteClient:
+    """The daemon's side: start the zygote, ask it for workers, learn how each one exited.
+
+    The reactor reads the zygote's reports as they come (no task of its own waits for them), and a
+    fork request is a write, the answers coming in the order of the requests."""
+
+    def __init__(self, worker_args: list[str], reactor: Reactor) -> None:
         self.worker_args = worker_args
         self.process: trio.Process | None = None
-        self._control: trio.socket.SocketType | None = None
-        self._forked: trio.MemoryReceiveChannel[int] | None = None  # the zygote's answers to fork requests
+        self._reactor = reactor
+        self._control: socket.socket | None = None
+        self._reports = b""  # of a report not yet whole
+        self._forks: deque[_Fork] = deque()  # requests sent, in order, awaiting their answers
         self._exits: dict[int, _Exit] = {}  # forked workers whose exit the pool has not yet learned
-        self._nursery: trio.Nursery | None = None
-        self._lock = trio.Lock()
+        self._lock = trio.Lock()  # one start at a time
 
-    async def start(self, nursery: trio.Nursery) -> None:
-        """Start the zygote; a task in ``nursery`` reads its reports (also of the zygotes that
-        ``fork`` starts when one has died)."""
-        self._nursery = nursery
-        await self._start()
+    async def start(self) -> None:
+        """Start the zygote (``fork`` starts it again when it has died)."""
+        async with self._lock:
+            await self._start()
 
     async def _start(self) -> None:
-        assert self._nursery is not None
         # Orphans of the zygote (its workers, when it dies first) become our children, to reap.
         reaper.become_subreaper()
-        if self._control is not None:
-            self._control.close()  # a dead zygote's
+        self._control_ended()  # a dead zygote's
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.process = await trio.lowlevel.open_process(
@@ -67,58 +78,90 @@ class ZygoteClient:
                 # One malloc arena: fewer address-space reservations under the workers' RLIMIT_AS.
                 env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "1"},
             )
+        except BaseException:
+            parent.close()
+            raise
         finally:
             child.close()
-        self._control = trio.socket.from_stdlib_socket(parent)
-        answers, self._forked = trio.open_memory_channel[int](math.inf)
-        self._nursery.start_soon(self._read_reports, self._control, answers)
+        parent.setblocking(False)
+        self._control, self._reports = parent, b""
+        self._reactor.register(parent.fileno(), READ, self._readable)
 
-    async def _read_reports(self, control: trio.socket.SocketType, answers: trio.MemorySendChannel[int]) -> None:
-        """Until this zygote's control socket ends: each new worker's PID to ``fork``, each exit
-        status to ``exited``. The zygote sends a worker's FORKED before its EXITED."""
+    def _readable(self, _mask: int) -> None:
+        """(The reactor.) Each new worker's PID to its ``fork``, each exit status to ``exited``. The
+        zygote sends a worker's FORKED before its EXITED."""
+        assert self._control is not None
+        try:
+            chunk = self._control.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._control_ended()
+            return
         size = ipc.ZYGOTE_REPORT.size
-        buffer = b""
-        with answers:
-            while True:
-                try:
-                    chunk = await control.recv(4096)
-                except (OSError, trio.ClosedResourceError):
-                    return
-                if not chunk:
-                    return
-                buffer += chunk
-                while len(buffer) >= size:
-                    kind, pid, status = ipc.ZYGOTE_REPORT.unpack_from(buffer)
-                    buffer = buffer[size:]
-                    if kind == ipc.FORKED:
-                        self._exits[pid] = _Exit()
-                        answers.send_nowait(pid)
-                    else:
-                        self.exited(pid, status, cpu_limit=kind == ipc.CPU_LIMIT)
+        reports = self._reports + chunk
+        whole = len(reports) - len(reports) % size
+        for offset in range(0, whole, size):
+            kind, pid, status = ipc.ZYGOTE_REPORT.unpack_from(reports, offset)
+            if kind == ipc.FORKED:
+                self._exits[pid] = _Exit()
+                if self._forks:
+                    request = self._forks.popleft()
+                    request.pid = pid
+                    request.answered.set()
+            else:
+                self.exited(pid, status, cpu_limit=kind == ipc.CPU_LIMIT)
+        self._reports = reports[whole:]
+
+    def _control_ended(self) -> None:
+        """The zygote's control socket is done with (it exited, or the pool stops): the requests
+        still awaiting an answer get none."""
+        if self._control is not None:
+            self._reactor.unregister(self._control.fileno())
+            trio.lowlevel.notify_closing(self._control)  # a request waiting for room learns it
+            self._control.close()
+            self._control = None
+        while self._forks:
+            self._forks.popleft().answered.set()
 
     async def fork(self) -> tuple[int, socket.socket]:
         """A new worker: its PID and the daemon's end of its channel."""
-        async with self._lock:
-            if self._control is None or self.process is None or self.process.returncode is not None:
-                await self._start()
-            assert self._control is not None and self._forked is not None
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self._control is None or self.process is None or self.process.returncode is not None:
+            async with self._lock:  # the zygote died: start another (once, whoever asks)
+                if self._control is None or self.process is None or self.process.returncode is not None:
+                    await self._start()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            request = await self._request(theirs)
+            await request.answered.wait()
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        if request.pid is None:
+            ours.close()
+            raise OSError("the zygote exited")
+        return request.pid, ours
+
+    async def _request(self, channel: socket.socket) -> _Fork:
+        """Send the zygote a fork request carrying ``channel``; its answer comes to the request
+        returned. Queued as it is sent, with nothing awaited between: answers match in order."""
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", channel.fileno()))]
+        while True:
+            control = self._control
+            if control is None:
+                raise OSError("the zygote exited")
             try:
-                await self._control.sendmsg(
-                    [b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))]
-                )
-                try:
-                    pid = await self._forked.receive()
-                except trio.EndOfChannel:
-                    self._control.close()
-                    self._control = None
-                    raise OSError("the zygote exited") from None
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-            return pid, ours
+                control.sendmsg([b"F"], ancillary)
+            except BlockingIOError:  # a zygote this far behind is rare: wait for room
+                await trio.lowlevel.wait_writable(control)
+                continue
+            request = _Fork()
+            self._forks.append(request)
+            return request
 
     def exited(self, pid: int, status: int, *, cpu_limit: bool = False) -> None:
         """Worker ``pid`` ended with wait ``status`` (``cpu_limit``: at its CPU-time backstop): reported
@@ -146,9 +189,7 @@ class ZygoteClient:
         return [self.process] if self.process is not None else []
 
     async def aclose(self) -> None:
-        if self._control is not None:
-            self._control.close()
-            self._control = None
+        self._control_ended()
         if self.process is not None:
             if self.process.returncode is None:
                 self.process.kill()
