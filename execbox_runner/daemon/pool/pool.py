@@ -102,7 +102,8 @@ class WorkerPool:
         self._serving = False  # _serve_waiting is under way
         self.exits = 0  # worker processes that exited (and were replaced)
         self.exit_reasons: dict[str, int] = {}  # the same by ExitCause.reason (a bounded set)
-        self._wake_spawner = trio.Event()
+        self._wake_spawner = trio.Event()  # while the pool starts: a change, perhaps a spare ready
+        self._up = False  # the warm spares were ready once: ``run`` only retires idle workers from then on
         self._nursery: trio.Nursery | None = None
 
     @property
@@ -125,6 +126,7 @@ class WorkerPool:
                     await self._wait_change()
                     self._top_up()
                 task_status.started()
+                self._up = True
                 while True:
                     with trio.move_on_at(self._next_idle_retirement()):
                         await self._wait_change()
@@ -135,6 +137,14 @@ class WorkerPool:
                 for worker in list(self.workers):
                     worker.kill("shutdown")
                 await self.zygote.aclose()
+
+    def _changed(self) -> None:
+        """What the pool's size depends on changed: start the workers now missing. Once the pool is
+        up this wakes no task (an execution's start or end, a worker's, would each cost one)."""
+        if self._nursery is not None:
+            self._top_up()
+        if not self._up:
+            self._wake_spawner.set()
 
     async def _wait_change(self) -> None:
         await self._wake_spawner.wait()
@@ -179,6 +189,7 @@ class WorkerPool:
     async def _spawn(self) -> None:
         """Start a worker and relay its frames until it exits; after a failed start, pause before the
         next one (do not spin when workers cannot be started)."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # the pool stops: no fork now
         try:
             worker = await self._fork_worker()
         except OSError:
@@ -188,7 +199,7 @@ class WorkerPool:
         if worker is None or not worker.ready:
             await trio.sleep(0.5)
             self.starting -= 1
-            self._wake_spawner.set()
+            self._changed()
 
     async def _fork_worker(self) -> Worker:
         """A worker just forked: ``_relay`` waits for its Ready."""
@@ -225,7 +236,8 @@ class WorkerPool:
                 except WorkerLost as exc:
                     held = sum(not lease.finished for lease in worker.leases.values())
                     await self._lost(worker, exc)
-                await worker.gone.wait()
+                if not worker.gone.is_set():  # (waiting on an event already set is a pass through trio's scheduler)
+                    await worker.gone.wait()
             finally:
                 worker.close()
                 self._exited(worker)  # also when the pool stops: the worker is stopped with it
@@ -293,7 +305,7 @@ class WorkerPool:
         self.starting -= 1
         self.workers.add(worker)
         self._serve_waiting()
-        self._wake_spawner.set()
+        self._changed()
 
     async def _lost(self, worker: Worker, exc: WorkerLost) -> None:
         """Every execution the worker still hosts learns it is lost, and the worker is killed, unless
@@ -302,7 +314,7 @@ class WorkerPool:
         for lease in list(worker.leases.values()):  # each receiver lets its lease go as it learns
             if not lease.finished and not lease.abandoned:
                 lease.lose(exc)
-        if isinstance(exc, ChannelClosed):
+        if isinstance(exc, ChannelClosed) and not worker.gone.is_set():
             with trio.move_on_after(CLOSED_EXIT_S):
                 await worker.gone.wait()
         worker.kill("misbehaved")
@@ -320,7 +332,7 @@ class WorkerPool:
         worker.gone.set()
         self.workers.discard(worker)
         self._share_out()
-        self._wake_spawner.set()
+        self._changed()
 
     def _count_exit(self, worker: Worker, held: int) -> None:
         """Count the worker's exit by reason and say, in one line, how it ended."""
@@ -352,7 +364,7 @@ class WorkerPool:
             leased(lease)
             return
         self._waiting.append((tenant, leased))
-        self._wake_spawner.set()
+        self._changed()
 
     def withdraw(self, leased: Callable[[Lease], None]) -> None:
         """An execution waiting for room no longer needs it."""
@@ -373,7 +385,7 @@ class WorkerPool:
             spare = spares[0]
             spare.tenant = tenant
             candidates = [spare]
-            self._wake_spawner.set()  # a spare fewer: start its replacement
+            self._changed()  # a spare fewer: start its replacement
         if not candidates:
             return None
         worker = min(candidates, key=lambda w: len(w.leases))
@@ -382,7 +394,7 @@ class WorkerPool:
             self._share_out()  # the tenant is active from now: its Share goes before its Run
         if worker.started >= self.lifetime:
             worker.retiring = "retired"
-            self._wake_spawner.set()
+            self._changed()
         return lease
 
     def _share_out(self) -> None:
@@ -458,4 +470,4 @@ class WorkerPool:
         worker.retiring = worker.retiring or reason
         if not worker.leases:
             worker.kill(worker.retiring)
-        self._wake_spawner.set()
+        self._changed()

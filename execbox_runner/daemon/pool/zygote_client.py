@@ -179,8 +179,9 @@ class ZygoteClient:
         ended = self._exits.get(pid)
         if ended is None:
             return None, False
-        with trio.move_on_after(STATUS_WAIT_S):
-            await ended.reported.wait()
+        if not ended.reported.is_set():
+            with trio.move_on_after(STATUS_WAIT_S):
+                await ended.reported.wait()
         del self._exits[pid]
         return ended.status, ended.cpu_limit
 
