@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from execbox_runner.protocol import ipc
+from execbox_runner.worker import guest as guest_module
 from execbox_runner.worker import native
 from execbox_runner.worker.guest import GuestRun
 
@@ -424,10 +425,10 @@ def test_results_that_arrive_together_resume_the_guest_once() -> None:
     polls = 0
     api = guest.api
 
-    def counting(name: str, *args: Any) -> Any:
+    def counting(op: int, *args: Any) -> Any:
         nonlocal polls
-        polls += name == "poll"
-        return api(name, *args)
+        polls += op == guest_module._POLL
+        return api(op, *args)
 
     guest.api = counting  # type: ignore[method-assign]
     answers = [ipc.Settle(call_id=call[0], ok=True, value=call[3]) for call in reversed(started.calls)]

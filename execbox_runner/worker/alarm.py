@@ -9,7 +9,7 @@ it. Setting and disarming it are a system call each, made without releasing the 
 thread waiting for it would take it), and the one a confined worker needs is allowed
 (``seccomp.ALLOWED_SYSCALLS``); the timer is made before confinement. The C functions are
 looked up as this module is imported, in the zygote: a worker forked from it makes only its
-timer (looking them up in each new worker cost it more than the rest of its ``Worker``).
+timer (looking them up was a noticeable part of each new worker's start).
 """
 
 from __future__ import annotations

@@ -343,13 +343,15 @@
   };
 
   // ---------------------------------------------------------------- the worker's calls
+  // `op` is a small integer (guest.py's _START, _POLL, _SETTLE, _ABORT): a string from the worker
+  // would be a new string to make and compare at every call, two of them per tool call.
   return (op, a, b, c, d, e, f) => {
     switch (op) {
       // The guest's function `a`, with the providers (JSON text `b`) and log limits (`c` lines,
       // `d` characters). `e` names the global through which the worker found this dispatcher;
       // it holds the ring for log lines by now, if there is one (of `f` code units, a power of
       // two; else 0). No guest code has run yet: the typed arrays' constructors are the engine's.
-      case "start": {
+      case 0: { // start
         if (f) ring = [G[e], f, G.Uint32Array, G.Uint16Array];
         delete G[e];
         maxLogLines = c;
@@ -377,7 +379,7 @@
       }
       // Everything the guest did since the last poll, as one flat JSON text:
       // [calls, logs, outcome-or-null]; calls are [id, provider, tool, hasInput, input].
-      case "poll": {
+      case 1: { // poll
         // slice() flattens the rope strings that concatenation builds: the Python
         // binding cannot convert a rope.
         const text = slice(`[[${outbox}],[${logs}],${outcome === null ? "null" : outcome}]`, 0);
@@ -386,7 +388,7 @@
       }
       // Tool call `a` settled: resolved with JSON text `c` (null or undefined for undefined) if `b`,
       // else rejected with code `d` and message `e` (JSON text: it may hold lone surrogates).
-      case "settle": {
+      case 2: { // settle
         const callbacks = pending[a];
         if (callbacks === undefined) return;
         delete pending[a];
@@ -394,7 +396,7 @@
         else callbacks[1](trustedError(d, parse(e)));
         return;
       }
-      case "abort":
+      case 3: // abort
         aborting = true;
         outbox = "";
         for (const id in pending) {

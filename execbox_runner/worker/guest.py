@@ -77,6 +77,12 @@ TRIM_AFTER_BYTES: Final = 32 << 20
 # 16 arenas' worth (~69 KiB of 4 KiB arenas in a fresh runtime, ~29 KiB of 2 KiB ones).
 _RUNTIME_SLACK_BYTES: Final = 16 * native.ARENA_BYTES
 
+# The bootstrap's dispatcher's operations (its ``op``, see bootstrap.js).
+_START: Final = 0
+_POLL: Final = 1
+_SETTLE: Final = 2
+_ABORT: Final = 3
+
 _Call = tuple[int, str, str, bool, msgspec.Raw]
 _poll_decoder: Final = msgspec.json.Decoder(tuple[list[_Call], list[str], list[msgspec.Raw] | None])
 _int_decoder: Final = msgspec.json.Decoder(int)
@@ -258,7 +264,7 @@ class GuestRun:
             providers = msgspec.json.encode(run.providers).decode()
             # The limits as floats: the binding makes a Python int a 32-bit JavaScript one (2**32 would be 0).
             lines, chars = float(run.max_log_lines), float(run.max_log_chars)
-            self.api("start", main, providers, lines, chars, _BOOTSTRAP_KEY, CAPACITY if self.ring else 0)
+            self.api(_START, main, providers, lines, chars, _BOOTSTRAP_KEY, CAPACITY if self.ring else 0)
             del main  # the runtime is freed as the execution ends: no reference may outlive it
         except _TooDeep:
             return self._finish(False, None, "runtime_error", TOO_DEEP_MESSAGE, [])
@@ -356,7 +362,7 @@ class GuestRun:
                     raise _Interrupted
                 if not self.context.execute_pending_job():
                     break
-            calls, logs, outcome = _poll_decoder.decode(self.api("poll"))
+            calls, logs, outcome = _poll_decoder.decode(self.api(_POLL))
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         except _Interrupted:
@@ -382,7 +388,7 @@ class GuestRun:
         try:
             for call_id in oversized:
                 self._arm()
-                self.api("settle", call_id, False, None, "serialization_error", json.dumps(message))
+                self.api(_SETTLE, call_id, False, None, "serialization_error", json.dumps(message))
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         after = self.step()
@@ -410,7 +416,7 @@ class GuestRun:
                     continue
                 self.waiting.discard(message.call_id)
                 value = None if message.value is None else message.value.decode()
-                self.api("settle", message.call_id, message.ok, value, message.code, message.message)
+                self.api(_SETTLE, message.call_id, message.ok, value, message.code, message.message)
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         except _Interrupted:
@@ -466,7 +472,7 @@ class GuestRun:
             return self.finished
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)
-            self.api("abort")
+            self.api(_ABORT)
             while self.context.execute_pending_job():
                 pass
         except quickjs.JSException:
@@ -559,7 +565,7 @@ class GuestRun:
         self._stop_interrupts()
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)
-            return _poll_decoder.decode(self.api("poll"))[1]
+            return _poll_decoder.decode(self.api(_POLL))[1]
         except (quickjs.JSException, msgspec.DecodeError):
             return []
 

@@ -221,12 +221,12 @@ class WorkerPool:
         messages of its executions may still be buffered there.
         """
         held = 0  # executions it hosted when its channel ended
-        if worker.pidfd >= 0:
-            self.reactor.register(worker.pidfd, READ, lambda _mask: self._exited(worker))
-        else:
-            self._exited(worker)
         try:
             try:
+                if worker.pidfd >= 0:
+                    self.reactor.register(worker.pidfd, READ, lambda _mask: self._exited(worker))
+                else:
+                    self._exited(worker)
                 worker.attach(self._route)
                 try:
                     await self._ready(worker)
