@@ -84,6 +84,11 @@ RUNS = [
         ["--duration", "0.3", "--in-flight", "4", "--other-pythonpath", EMPTY, "--pairs", "1"],
         [r"paired: this lower in \d of 1 pairs"],
     ),
+    (
+        "worker_replay.py",
+        ["--tools", "2", "--in-flight", "1,4", "--executions", "20", "--rounds", "2"],
+        [r"round 2: 1 in flight \d+, 4 in flight \d+", r"4 in flight: median +\d+ us"],
+    ),
 ]
 
 
