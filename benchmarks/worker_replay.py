@@ -30,6 +30,7 @@ from execbox_runner.protocol import ipc
 from execbox_runner.worker.loop import Worker
 
 WARM_UP = 100  # executions before the measured ones
+LIMIT_S = 300.0  # the bound of one measure, warm-up included
 
 
 class Replay:
@@ -77,7 +78,10 @@ class Replay:
         for _ in range(in_flight):
             self.start()
         finished, counted, began = 0, 0, 0.0
+        deadline = time.monotonic() + LIMIT_S
         while counted < executions:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{finished} executions finished in {LIMIT_S:g} s")
             done = self.turn()
             finished += done
             if began == 0.0 and finished >= WARM_UP:

@@ -128,9 +128,9 @@ class ZygoteClient:
 
     async def fork(self) -> tuple[int, socket.socket]:
         """A new worker: its PID and the daemon's end of its channel."""
-        if self._control is None or self.process is None or self.process.returncode is not None:
+        if self._gone():
             async with self._lock:  # the zygote died: start another (once, whoever asks)
-                if self._control is None or self.process is None or self.process.returncode is not None:
+                if self._gone():
                     await self._start()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -145,6 +145,10 @@ class ZygoteClient:
             ours.close()
             raise OSError("the zygote exited")
         return request.pid, ours
+
+    def _gone(self) -> bool:
+        """Whether there is no zygote to ask: none started, or it exited."""
+        return self._control is None or self.process is None or self.process.returncode is not None
 
     async def _request(self, channel: socket.socket) -> _Fork:
         """Send the zygote a fork request carrying ``channel``; its answer comes to the request
