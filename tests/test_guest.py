@@ -5,6 +5,7 @@ import threading
 import time
 from typing import Any
 
+import msgspec
 import pytest
 
 from execbox_runner.protocol import ipc
@@ -272,6 +273,26 @@ def test_output_larger_than_the_runner_limit_is_a_serialization_error() -> None:
     # The third input did not fit beside the second; Promise.all then rejected at once,
     # so the guest finished before the second was ever sent.
     assert [len(c[2]) for c in calls] == [600]
+
+
+def test_an_abort_as_an_oversized_input_is_rejected_keeps_what_the_step_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Abort can arrive between a step's report and the rejection of an input too large to send:
+    the step still reports the lines logged, and the abort then ends the execution as any other."""
+    read_lines = GuestRun._logged
+
+    def abort_arrives(guest: GuestRun, polled: list[str]) -> list[str]:
+        lines = read_lines(guest, polled)
+        guest.interrupt()  # what the interrupter does as the daemon's Abort arrives
+        return lines
+
+    monkeypatch.setattr(GuestRun, "_logged", abort_arrives)
+    message = run_message("console.log('before'); await tools.echo('x'.repeat(600)); console.log('after')")
+    guest = GuestRun(msgspec.structs.replace(message, providers=[("tools", ["echo"])], max_output_bytes=100))
+    out = guest.start()
+    assert isinstance(out, ipc.ToolCalls)
+    assert (out.calls, out.logs) == ([], ["before"])
+    finished = guest.abort()
+    assert (finished.code, finished.logs) == ("timeout", [])
 
 
 @pytest.mark.parametrize(

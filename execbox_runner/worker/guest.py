@@ -383,15 +383,20 @@ class GuestRun:
                 forwarded.append((call_id, provider, tool, data))
         if not oversized:
             return ipc.ToolCalls(calls=forwarded, logs=logs)
-        # Too big to send: reject them in the guest like any unserializable input.
+        # Too big to send: reject them in the guest like any unserializable input. However this ends,
+        # the calls forwarded and the lines read above go out with it.
         message = f"Guest code passed tool input larger than the runner's limit of {self._max_output} bytes"
+        after: ipc.ToolCalls | ipc.Finished
         try:
+            self._arm()  # once, for these rejections and the step after them
             for call_id in oversized:
-                self._arm()
                 self.api(_SETTLE, call_id, False, None, "serialization_error", json.dumps(message))
         except quickjs.JSException as exc:
-            return self._engine_failure(exc)
-        after = self.step()
+            after = self._engine_failure(exc)
+        except _Interrupted:
+            after = self._interrupted()
+        else:
+            after = self.step(armed=True)
         if isinstance(after, ipc.Finished):
             return ipc.Finished(
                 ok=after.ok,
