@@ -48,6 +48,7 @@ from ..protocol.session import (
 )
 from .config import Settings
 from .net import handshake
+from .net.fragments import Fragments
 from .net.frames import PlainFrames
 from .net.reactor import Reactor, Timer
 from .net.transport import Transport
@@ -70,11 +71,10 @@ class Connection:
     # One per session, so slots: from 30 attributes on (CPython 3.11) an instance dict no longer
     # shares its keys with the other sessions' and holds a whole hash table of its own.
     __slots__ = (
-        "_close_deadline", "_closed", "_closed_by_us", "_counted", "_ended", "_eof", "_fragments", "_fragments_wire",
-        "_idle_since", "_lost_worker", "_memory_held", "_parser", "_reactor", "_record_dir", "_replaceable",
-        "_requested", "_run", "_scrape", "_spawn", "_timer", "_traceparent", "_worker_pid", "correlation_id", "lease",
-        "ledger", "peer", "pool", "recorder", "session", "settings", "state", "tenant", "tenant_name", "transport",
-        "ws",
+        "_close_deadline", "_closed", "_closed_by_us", "_counted", "_ended", "_eof", "_fragments", "_idle_since",
+        "_lost_worker", "_memory_held", "_parser", "_reactor", "_record_dir", "_replaceable", "_requested", "_run",
+        "_scrape", "_spawn", "_timer", "_traceparent", "_worker_pid", "correlation_id", "lease", "ledger", "peer",
+        "pool", "recorder", "session", "settings", "state", "tenant", "tenant_name", "transport", "ws",
     )  # fmt: skip
 
     def __init__(
@@ -132,8 +132,7 @@ class Connection:
         self._replaceable: ipc.Run | None = None
         self._eof = False  # our end of data is sent: the TCP connection closes (lingering)
         self._ended = False
-        self._fragments: bytearray | None = None  # a text message arriving in pieces
-        self._fragments_wire = 0  # ... and the bytes its frames took on the wire, headers included
+        self._fragments: Fragments | None = None  # a text message arriving in pieces
         self._close_deadline = math.inf  # set once the closing handshake starts
         self._timer: Timer | None = None
         self.transport = Transport(reactor, sock, self, send_timeout=settings.send_timeout, tls=tls)
@@ -334,19 +333,15 @@ class Connection:
                 self._record(lambda recorder: recorder.host_text(payload))
                 self._perform(self.session.receive_text(payload, now))
             else:
-                self._fragments = bytearray(payload)
-                self._fragments_wire = _wire_bytes(len(payload))
+                self._fragments = Fragments(payload)
         elif opcode is Opcode.CONT and self._fragments is not None:
-            self._fragments += payload
-            self._fragments_wire += _wire_bytes(len(payload))
-            if self._fragments_wire > self.settings.max_message_bytes:
-                # Empty fragments add nothing to the message but cost memory and time to take:
-                # a message is bounded with its frames' headers.
+            self._fragments.add(payload)
+            if self._fragments.wire > self.settings.max_message_bytes:
                 self._fragments = None
                 self._close(CLOSE_TOO_BIG, "message too big, counting the headers of its fragments")
                 return
             if frame.fin:
-                data, self._fragments = bytes(self._fragments), None
+                data, self._fragments = bytes(self._fragments.data), None
                 self._record(lambda recorder: recorder.host_text(data))
                 self._perform(self.session.receive_text(data, now))
         elif opcode is Opcode.BINARY:
@@ -596,9 +591,3 @@ class Connection:
         if self.recorder is not None:
             self.recorder.close()
         self._closed(self)
-
-
-def _wire_bytes(length: int) -> int:
-    """What a host's frame with ``length`` bytes of payload takes on the wire: the header, its
-    extended length, the mask (hosts mask every frame) and the payload."""
-    return 6 + (0 if length < 126 else 2 if length < 65536 else 8) + length
