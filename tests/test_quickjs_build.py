@@ -78,6 +78,7 @@ def test_the_build_says_what_it_holds_and_labels_its_version(tmp_path: Path) -> 
     assert module_settings(tree) | {"__builtins__": None} == {
         "__builtins__": None,
         "ARENA_BYTES": 2048,
+        "FIRST_ARENA_BYTES": 1024,
         "NATIVE_BUDGET": True,
         "LAZY_CLOCK": True,
         "DISCARDS_RUNTIMES": True,
@@ -85,16 +86,17 @@ def test_the_build_says_what_it_holds_and_labels_its_version(tmp_path: Path) -> 
         "PROFILE_GUIDED": True,
     }
     assert (
-        f'version = "{build.VERSION}+arena2048.budget2.clock.lazy.discard.pgo"' in (tree / "pyproject.toml").read_text()
+        f'version = "{build.VERSION}+arena2048.first1024.budget2.clock.lazy.discard.pgo"'
+        in (tree / "pyproject.toml").read_text()
     )
 
 
 @pytest.mark.parametrize(
     ("options", "setting", "version"),
     [
-        ({"discard": False}, "DISCARDS_RUNTIMES", "+arena2048.budget2.clock.lazy.pgo"),
-        ({"lazy_accessors": False}, "LAZY_ACCESSORS", "+arena2048.budget2.clock.discard.pgo"),
-        ({"pgo": False}, "PROFILE_GUIDED", "+arena2048.budget2.clock.lazy.discard"),
+        ({"discard": False}, "DISCARDS_RUNTIMES", "+arena2048.first1024.budget2.clock.lazy.pgo"),
+        ({"lazy_accessors": False}, "LAZY_ACCESSORS", "+arena2048.first1024.budget2.clock.discard.pgo"),
+        ({"pgo": False}, "PROFILE_GUIDED", "+arena2048.first1024.budget2.clock.lazy.discard"),
     ],
 )
 def test_a_build_to_measure_against_says_what_it_leaves_out(
@@ -182,10 +184,22 @@ print((mallinfo2().uordblks - before - counted) / 200)
 
 def test_the_arena_size_in_use_is_the_one_reported() -> None:
     """A fresh runtime's heap beyond what QuickJS counts is the free space of its partly used
-    arenas, about 16 arenas' worth (~69 KiB of 4 KiB ones, ~30 KiB of 2 KiB ones): a build
-    whose arenas are not ``ARENA_BYTES`` falls outside 8-24 of them."""
+    arenas, about 16 arenas' worth of the wheel's 4 KiB ones (~69 KiB) and 10 of the build's 2 KiB
+    ones, each size class's first one half that (~21 KiB): a build whose arenas are not
+    ``ARENA_BYTES`` falls outside 8-24 of them."""
     free = float(run_alone(FREE_ARENA_SPACE))
     assert 8 * native.ARENA_BYTES <= free <= 24 * native.ARENA_BYTES, (free, native.ARENA_BYTES)
+
+
+def test_a_size_class_first_arena_is_the_size_reported() -> None:
+    """A fresh runtime's free arena space is mostly its size classes' last arenas, which for most
+    classes are their first: about 14 arenas' worth when those are as large as the rest (17 in the
+    wheel's 4 KiB ones), about 10 when they are half as large (``FIRST_ARENA_BYTES``)."""
+    free = float(run_alone(FREE_ARENA_SPACE))
+    if native.FIRST_ARENA_BYTES < native.ARENA_BYTES:
+        assert free <= 12 * native.ARENA_BYTES, (free, native.ARENA_BYTES, native.FIRST_ARENA_BYTES)
+    else:
+        assert free >= 13 * native.ARENA_BYTES, (free, native.ARENA_BYTES)
 
 
 # Runtimes that allocate in every way QuickJS can (small blocks, large blocks, large blocks grown
@@ -388,6 +402,7 @@ def test_info_names_the_quickjs_build() -> None:
         "version": version,
         "tuned": native.NATIVE_BUDGET,
         "arena_bytes": native.ARENA_BYTES,
+        "first_arena_bytes": native.FIRST_ARENA_BYTES,
         "discards_runtimes": native.DISCARDS_RUNTIMES,
         "lazy_accessors": native.LAZY_ACCESSORS,
         "lazy_clock": native.LAZY_CLOCK,
@@ -401,7 +416,10 @@ def test_info_names_the_quickjs_build() -> None:
     clock = "time limit's clock read at its first check" if native.LAZY_CLOCK else "time limit's clock read per call"
     compiled = "compiled profile-guided" if native.PROFILE_GUIDED else "compiled without a profile"
     build = "tuned build of deploy/quickjs/build.py" if native.NATIVE_BUDGET else "stock wheel from PyPI"
-    details = f"  {native.ARENA_BYTES // 1024} KiB arenas, {freeing}, {budget}, {accessors}, {clock}, {compiled}"
+    arenas = f"{native.ARENA_BYTES // 1024} KiB arenas"
+    if native.FIRST_ARENA_BYTES != native.ARENA_BYTES:
+        arenas += f" (a size class's first {native.FIRST_ARENA_BYTES // 1024} KiB)"
+    details = f"  {arenas}, {freeing}, {budget}, {accessors}, {clock}, {compiled}"
     lines = text.splitlines()
     assert lines[lines.index(f"engine: quickjs-ng {version} ({build})") + 1] == details
 

@@ -3,11 +3,12 @@
 This downloads the pinned quickjs-ng sdist from PyPI, checks its sha256, applies the patches named
 in ``patches/series`` (each says in its header what it changes and why: smaller arenas, memory
 budgets checked in C, the time limit's clock read lazily, runtimes discarded whole, accessors made
-on first use, the budgets set and read through the binding), and builds it profile-guided: GCC instruments a first build, ``training.py`` runs
+on first use, the budgets set and read through the binding, each size class's first arena half as
+large), and builds it profile-guided: GCC instruments a first build, ``training.py`` runs
 the runner's own workload on it, and the second build is laid out and inlined by those counts,
 optimized at link time (a trivial execution's runtime costs ~20% less; two such builds are not
 identical byte for byte, ``--no-pgo`` ones are). The version installed carries a local label
-naming what it holds (``0.17.0.2+arena2048.budget2.clock.lazy.discard.pgo``). It needs GCC,
+naming what it holds (``0.17.0.2+arena2048.first1024.budget2.clock.lazy.discard.pgo``). It needs GCC,
 ``patch``, the Python headers and the environment's execbox-runner (for the training), and takes
 about two minutes. execbox-runner also runs on the PyPI wheel; ``execbox-runner info`` says which
 build is in use.
@@ -47,9 +48,10 @@ def label(arena_bytes: int, discard: bool = True, lazy_accessors: bool = True, p
     """The version the build installs as: PEP 440 ignores the local label when matching
     ``quickjs-ng>=0.17``, so the project's requirement still holds. ``budget2``: the budget is
     checked in C (0002) and set and read through the binding (0006); a build of 0002 alone was
-    ``budget``, and an environment holding one is rebuilt."""
+    ``budget``, and an environment holding one is rebuilt. ``first``: each size class's first arena
+    is half the size (0007); a build without it is rebuilt too."""
     return (
-        f"{VERSION}+arena{arena_bytes}.budget2.clock"
+        f"{VERSION}+arena{arena_bytes}.first{arena_bytes // 2}.budget2.clock"
         + (".lazy" if lazy_accessors else "")
         + (".discard" if discard else "")
         + (".pgo" if pgo else "")
@@ -91,6 +93,7 @@ def configure(tree: Path, arena_bytes: int, discard: bool, lazy_accessors: bool,
     with (tree / "quickjs" / "__init__.py").open("a") as module:
         module.write(
             f"\n# Set by execbox-runner's deploy/quickjs/build.py.\nARENA_BYTES = {arena_bytes}\n"
+            f"FIRST_ARENA_BYTES = {arena_bytes // 2}\n"
             f"NATIVE_BUDGET = True\nLAZY_CLOCK = True\nDISCARDS_RUNTIMES = {discard}\nLAZY_ACCESSORS = {lazy_accessors}\n"
             f"PROFILE_GUIDED = {pgo}\n"
         )

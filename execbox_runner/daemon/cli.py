@@ -89,6 +89,8 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     clock = "time limit's clock read at its first check" if lazy_clock else "time limit's clock read per call"
     compiled = "compiled profile-guided" if quickjs["profile_guided"] else "compiled without a profile"
     arenas = f"{quickjs['arena_bytes'] // 1024} KiB arenas"
+    if quickjs["first_arena_bytes"] != quickjs["arena_bytes"]:
+        arenas += f" (a size class's first {quickjs['first_arena_bytes'] // 1024} KiB)"
     print(f"  {arenas}, {freeing}, {budget}, {accessors}, {clock}, {compiled}")
     print(f"profile: {report['profile']}")
     for line in _limit_lines(settings, report):

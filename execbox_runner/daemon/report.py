@@ -28,6 +28,7 @@ class QuickJSReport(TypedDict):
     version: str
     tuned: bool
     arena_bytes: int
+    first_arena_bytes: int
     discards_runtimes: bool
     lazy_accessors: bool
     lazy_clock: bool
@@ -110,6 +111,7 @@ def host_report(settings: Settings) -> HostReport:
             "version": importlib.metadata.version("quickjs-ng"),
             "tuned": native.NATIVE_BUDGET,
             "arena_bytes": native.ARENA_BYTES,
+            "first_arena_bytes": native.FIRST_ARENA_BYTES,
             "discards_runtimes": native.DISCARDS_RUNTIMES,
             "lazy_accessors": native.LAZY_ACCESSORS,
             "lazy_clock": native.LAZY_CLOCK,

@@ -73,8 +73,9 @@ TIMEOUT_MESSAGE: Final = "Execution timed out"
 # its peak since then: it shrinks. Under a steady load the freed pages are soon reused, and
 # trimming would only fault them in again.
 TRIM_AFTER_BYTES: Final = 32 << 20
-# What a runtime holds beyond the bytes QuickJS counts: the free blocks of its arenas, about
-# 16 arenas' worth (~69 KiB of 4 KiB arenas in a fresh runtime, ~29 KiB of 2 KiB ones).
+# What a runtime holds beyond the bytes QuickJS counts, the free blocks of its arenas, at most: in
+# a fresh runtime ~69 KiB of the wheel's 4 KiB arenas, ~21 KiB of the tuned build's 2 KiB ones (each
+# size class's first arena half that). Only when to trim the heap depends on it.
 _RUNTIME_SLACK_BYTES: Final = 16 * native.ARENA_BYTES
 
 # The bootstrap's dispatcher's operations (its ``op``, see bootstrap.js).

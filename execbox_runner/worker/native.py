@@ -406,6 +406,9 @@ def budget_in_c() -> bool:
 # The size of QuickJS's small-block arenas: 4 KiB in quickjs-ng's own builds; a build of
 # ``deploy/quickjs/build.py`` has smaller ones and says so in the module.
 ARENA_BYTES: Final[int] = getattr(quickjs, "ARENA_BYTES", 4096)
+# The size of a size class's first arena: in such a build half the others (a parked runtime's
+# classes mostly hold a few blocks each, and an arena's free blocks are memory it holds unused).
+FIRST_ARENA_BYTES: Final[int] = getattr(quickjs, "FIRST_ARENA_BYTES", ARENA_BYTES)
 # Whether freeing a runtime frees its arenas and large blocks whole instead of every object one
 # by one (a build of ``deploy/quickjs/build.py``; less of a worker's CPU per execution).
 DISCARDS_RUNTIMES: Final[bool] = getattr(quickjs, "DISCARDS_RUNTIMES", False)
