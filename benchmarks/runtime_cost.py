@@ -13,7 +13,8 @@ Python that ``worker_steady.py`` and the whole tree hide:
 * the same for a guest making ten sequential tool calls, each settled at once (the
   engine's and ``GuestRun``'s part of a tool call, without the worker's loop, is a
   tenth of the difference);
-* the guest's text normalized alone (tree-sitter);
+* the guest's text normalized alone (tree-sitter), and a program as models write them in code
+  mode (``benchkit.workload.MODEL_PROGRAM``): normalizing costs in proportion to the code's length;
 * a fresh runtime freed alone (``JS_DiscardRuntime`` in the build).
 
 With ``--other-pythonpath DIR --rounds N`` it runs itself N times with this
@@ -34,7 +35,7 @@ from collections.abc import Callable
 
 import quickjs
 from benchkit.pairs import build_options, measured_builds
-from benchkit.workload import tool_code
+from benchkit.workload import MODEL_PROGRAM, tool_code
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
@@ -89,6 +90,7 @@ def measure(chunks: int, size: int) -> dict[str, float]:
         ),
         "ten sequential tool calls, each settled at once": least(with_tools, chunks, size),
         "the guest's text normalized": least(lambda: normalize(RUN.code), chunks, size),
+        f"a {len(MODEL_PROGRAM)}-character program normalized": least(lambda: normalize(MODEL_PROGRAM), chunks, size),
         "a fresh runtime freed": least_free(chunks, size),
     }
 

@@ -63,7 +63,11 @@ RUNS = [
         ["--other", str(REPO), "--floor", "--concurrency", "4", "--rounds", "1", "--duration", "0.3"],
         [r"this +1\+1 +4 .* 0 +\d+\n", r"paired: this lower in \d of 1 pairs"],
     ),
-    ("runtime_cost.py", ["--chunks", "2", "--size", "5"], [r"trivial execution \(GuestRun, start to Finished\) +\d"]),
+    (
+        "runtime_cost.py",
+        ["--chunks", "2", "--size", "5"],
+        [r"trivial execution \(GuestRun, start to Finished\) +\d", r"a \d+-character program normalized +\d"],
+    ),
     (
         "runtime_cost.py",
         ["--chunks", "2", "--size", "5", "--other-pythonpath", EMPTY, "--rounds", "1"],

@@ -31,6 +31,22 @@ def tool_code(n: int) -> str:
     return f"let n = 0; for (let i = 0; i < {n}; i++) {{ const r = await tools.echo({{ i }}); n += r.i; }} n"
 
 
+# A program as models write them in code mode: a few tool calls, some data shaping, a log line and
+# a final expression (what a real execution's code costs to normalize, where ``tool_code`` is short).
+MODEL_PROGRAM: Final = """const users = await tools.listUsers({ limit: 50 });
+const active = users.filter(u => u.active);
+const details = await Promise.all(active.map(u => tools.getUser({ id: u.id })));
+let total = 0;
+for (const d of details) {
+  if (d.orders && d.orders.length > 0) {
+    total += d.orders.reduce((s, o) => s + o.amount, 0);
+  }
+}
+console.log('users', active.length);
+({ count: active.length, total, top: details.sort((a, b) => b.score - a.score).slice(0, 5).map(d => d.name) })
+"""
+
+
 def execute_message(
     exec_id: str, code: str, options: dict[str, int] = OPTIONS, manifest: list[dict[str, Any]] = PROVIDERS
 ) -> bytes:
