@@ -275,6 +275,23 @@ def test_output_larger_than_the_runner_limit_is_a_serialization_error() -> None:
     assert [len(c[2]) for c in calls] == [600]
 
 
+def test_an_abort_ends_a_guest_that_queues_microtasks_forever() -> None:
+    """Each job of an unwinding guest is an engine call with a budget of its own: a guest whose
+    finally block queues a microtask that queues itself must not hold the abort (and its runner
+    thread, and in ``hardened`` its whole worker) for good."""
+    code = "try { await tools.echo(1) } finally { console.log('unwinding'); const again = () => queueMicrotask(again); again() }"
+    guest = GuestRun(msgspec.structs.replace(run_message(code), providers=[("tools", ["echo"])]))
+    assert isinstance(guest.start(), ipc.ToolCalls)
+    finished: list[ipc.Finished] = []
+    aborting = threading.Thread(target=lambda: finished.append(guest.abort()), daemon=True)
+    began = time.monotonic()
+    aborting.start()
+    aborting.join(10)
+    assert finished, "the abort never ended"
+    assert time.monotonic() - began < 5
+    assert (finished[0].code, finished[0].logs) == ("timeout", ["unwinding"])
+
+
 def test_an_abort_as_an_oversized_input_is_rejected_keeps_what_the_step_logged(monkeypatch: pytest.MonkeyPatch) -> None:
     """An Abort can arrive between a step's report and the rejection of an input too large to send:
     the step still reports the lines logged, and the abort then ends the execution as any other."""

@@ -62,8 +62,11 @@ TOO_DEEP_MESSAGE: Final = "Code nested too deeply to parse"
 CHECKED_CODE_CHARS: Final = 2048
 # A backstop only: process CPU time runs at most this much faster than the wall clock.
 _CORES: Final = os.cpu_count() or 1
-# CPU time a cancelled guest gets to run its finally blocks and last logs.
+# CPU time a cancelled guest gets to run its finally blocks and last logs, in each engine call.
 ABORT_BUDGET_S: Final = 0.002
+# Wall-clock time the unwinding gets as a whole: each job is an engine call of its own, and a guest
+# that queues jobs forever (a microtask that queues itself) would otherwise never let go.
+UNWIND_S: Final = 0.02
 TIMEOUT_MESSAGE: Final = "Execution timed out"
 
 # A worker's C heap keeps the pages of runtimes that ended resident (glibc gives back only its
@@ -476,10 +479,11 @@ class GuestRun:
         self._stop_interrupts()
         if self.finished is not None:
             return self.finished
+        unwound_by = time.monotonic() + UNWIND_S
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)
             self.api(_ABORT)
-            while self.context.execute_pending_job():
+            while time.monotonic() < unwound_by and self.context.execute_pending_job():
                 pass
         except quickjs.JSException:
             pass  # the unwinding guest ran out of its budget; what it logged is still collected
