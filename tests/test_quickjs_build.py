@@ -182,20 +182,15 @@ print((mallinfo2().uordblks - before - counted) / 200)
 )
 
 
-def test_the_arena_size_in_use_is_the_one_reported() -> None:
+def test_the_arena_sizes_in_use_are_the_ones_reported() -> None:
     """A fresh runtime's heap beyond what QuickJS counts is the free space of its partly used
     arenas, about 16 arenas' worth of the wheel's 4 KiB ones (~69 KiB) and 10 of the build's 2 KiB
-    ones, each size class's first one half that (~21 KiB): a build whose arenas are not
-    ``ARENA_BYTES`` falls outside 8-24 of them."""
+    ones (~21 KiB): a build whose arenas are not ``ARENA_BYTES`` falls outside 8-24 of them. That
+    space is mostly the size classes' last arenas, for most classes their first: about 14 arenas'
+    worth when those are as large as the rest, about 10 when they are half as large
+    (``FIRST_ARENA_BYTES``)."""
     free = float(run_alone(FREE_ARENA_SPACE))
     assert 8 * native.ARENA_BYTES <= free <= 24 * native.ARENA_BYTES, (free, native.ARENA_BYTES)
-
-
-def test_a_size_class_first_arena_is_the_size_reported() -> None:
-    """A fresh runtime's free arena space is mostly its size classes' last arenas, which for most
-    classes are their first: about 14 arenas' worth when those are as large as the rest (17 in the
-    wheel's 4 KiB ones), about 10 when they are half as large (``FIRST_ARENA_BYTES``)."""
-    free = float(run_alone(FREE_ARENA_SPACE))
     if native.FIRST_ARENA_BYTES < native.ARENA_BYTES:
         assert free <= 12 * native.ARENA_BYTES, (free, native.ARENA_BYTES, native.FIRST_ARENA_BYTES)
     else:

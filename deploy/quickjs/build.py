@@ -51,11 +51,17 @@ def label(arena_bytes: int, discard: bool = True, lazy_accessors: bool = True, p
     ``budget``, and an environment holding one is rebuilt. ``first``: each size class's first arena
     is half the size (0007); a build without it is rebuilt too."""
     return (
-        f"{VERSION}+arena{arena_bytes}.first{arena_bytes // 2}.budget2.clock"
+        f"{VERSION}+arena{arena_bytes}.first{first_arena_bytes(arena_bytes)}.budget2.clock"
         + (".lazy" if lazy_accessors else "")
         + (".discard" if discard else "")
         + (".pgo" if pgo else "")
     )
+
+
+def first_arena_bytes(arena_bytes: int) -> int:
+    """A size class's first arena in a build of ``arena_bytes`` arenas: half of them (0007's
+    ``JS_ARENA_FIRST_SIZE``)."""
+    return arena_bytes // 2
 
 
 def series(discard: bool = True, lazy_accessors: bool = True) -> list[Path]:
@@ -93,7 +99,7 @@ def configure(tree: Path, arena_bytes: int, discard: bool, lazy_accessors: bool,
     with (tree / "quickjs" / "__init__.py").open("a") as module:
         module.write(
             f"\n# Set by execbox-runner's deploy/quickjs/build.py.\nARENA_BYTES = {arena_bytes}\n"
-            f"FIRST_ARENA_BYTES = {arena_bytes // 2}\n"
+            f"FIRST_ARENA_BYTES = {first_arena_bytes(arena_bytes)}\n"
             f"NATIVE_BUDGET = True\nLAZY_CLOCK = True\nDISCARDS_RUNTIMES = {discard}\nLAZY_ACCESSORS = {lazy_accessors}\n"
             f"PROFILE_GUIDED = {pgo}\n"
         )

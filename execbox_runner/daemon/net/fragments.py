@@ -15,14 +15,14 @@ class Fragments:
 
     def __init__(self, first: bytes) -> None:
         self.data = bytearray(first)
-        self.wire = wire_bytes(len(first))
+        self.wire = _wire_bytes(len(first))
 
     def add(self, payload: bytes) -> None:
         self.data += payload
-        self.wire += wire_bytes(len(payload))
+        self.wire += _wire_bytes(len(payload))
 
 
-def wire_bytes(length: int) -> int:
+def _wire_bytes(length: int) -> int:
     """What a host's frame with ``length`` bytes of payload takes on the wire: the header, its
     extended length, the mask (hosts mask every frame) and the payload."""
     return 6 + (0 if length < 126 else 2 if length < 65536 else 8) + length
