@@ -13,15 +13,38 @@ from pathlib import Path
 
 import pytest
 
-from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site
+from .daemonkit import (
+    Daemon,
+    client,
+    execute,
+    receive,
+    run_to_done,
+    running_daemon,
+    running_daemon_with_site,
+)
 
 
 def stop_all(daemon: Daemon, sig: int) -> list[int]:
+    """Send ``sig`` to every worker; a SIGSTOP, once every thread of theirs has stopped (bounded): on
+    a busy machine a thread stops only once it is scheduled, and may read the channel before."""
     pids = daemon.workers()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+    deadline = time.monotonic() + 10
+    while sig == signal.SIGSTOP and not all(map(stopped, pids)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return pids
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (or the process is gone)."""
+    states = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    return all(state == "T" for state in states)
 
 
 @pytest.mark.parametrize("profile", ["standard", "hardened"])
