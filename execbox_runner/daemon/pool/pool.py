@@ -21,6 +21,10 @@ malformed is killed. An execution whose worker dies before answering its run
 (no tool call, no log line, no result: nothing of it reached the host) is
 placed on another worker, once, by its connection. Workers are retired after
 ``lifetime`` executions (1 in the hardened profile: a fresh process each).
+Where each worker serves one execution, a claimed spare's replacement waits
+for that execution's end (at most ``REPLACE_AFTER_S``) while another spare is
+ready: forking and starting a worker takes milliseconds of CPU, which would
+otherwise be taken from the execution itself.
 Workers are followed through pidfds: they are the zygote's children, and a
 pidfd cannot signal a recycled PID. Every worker exit is one log line saying
 why, and is counted by reason in ``exit_reasons`` (``workers.exit_cause``).
@@ -40,7 +44,7 @@ import trio
 
 from ...protocol import ipc
 from ..machine import usable_cores
-from ..net.reactor import READ, Reactor
+from ..net.reactor import READ, Reactor, Timer
 from . import reaper
 from .sharing import REVIEW_S, Shares, Sharing
 from .worker import (
@@ -62,6 +66,9 @@ log = logging.getLogger(__name__)
 
 # A worker whose channel closed this long ago and that has not exited is killed.
 CLOSED_EXIT_S: Final = 1.0
+# Workers of one execution each: the longest a claimed spare's replacement waits for the execution's
+# end, while another spare is ready (a short execution ends first, a long one stops waiting).
+REPLACE_AFTER_S: Final = 0.05
 
 
 class WorkerPool:
@@ -98,6 +105,9 @@ class WorkerPool:
         self.zygote = ZygoteClient(worker_args, reactor)
         self.workers: set[Worker] = set()
         self.starting = 0  # worker starts under way
+        # Workers of one execution each, claimed while another spare was ready, whose replacement
+        # waits for their execution's end (see ``_defer``); the timer ends the wait.
+        self._deferred: dict[Worker, Timer] = {}
         self._waiting: deque[tuple[str, Callable[[Lease], None]]] = deque()  # tenant, and whom to give a slot
         self._serving = False  # _serve_waiting is under way
         self.exits = 0  # worker processes that exited (and were replaced)
@@ -160,8 +170,10 @@ class WorkerPool:
         """Start workers until ``warm`` spares are ready (and one for each execution waiting for room)."""
         assert self._nursery is not None
         wanted = self.warm + (1 if self.waiting else 0)
+        spares = len(self._spares())
+        ready = spares + (len(self._deferred) if spares else 0)  # with none ready, nothing waits
         while (
-            len(self._spares()) + self.starting < wanted
+            ready + self.starting < wanted
             and len(self.workers) + self.starting < self.max_workers
             and self.starting < self.max_starting
         ):
@@ -331,6 +343,7 @@ class WorkerPool:
             worker.pidfd = -1
         worker.gone.set()
         self.workers.discard(worker)
+        self._undefer(worker)
         self._share_out()
         self._changed()
 
@@ -385,6 +398,8 @@ class WorkerPool:
             spare = spares[0]
             spare.tenant = tenant
             candidates = [spare]
+            if self.lifetime == 1 and len(spares) > 1:
+                self._defer(spare)
             self._changed()  # a spare fewer: start its replacement
         if not candidates:
             return None
@@ -396,6 +411,24 @@ class WorkerPool:
             worker.retiring = "retired"
             self._changed()
         return lease
+
+    def _defer(self, worker: Worker) -> None:
+        """Start ``worker``'s replacement only once its one execution has ended, or
+        ``REPLACE_AFTER_S`` from now."""
+        deadline = self.reactor.now() + REPLACE_AFTER_S
+        self._deferred[worker] = self.reactor.call_at(deadline, functools.partial(self._replace, worker))
+
+    def _replace(self, worker: Worker) -> None:
+        """``worker``'s replacement need wait no more: start it now if the pool lacks a spare."""
+        if self._undefer(worker):
+            self._changed()
+
+    def _undefer(self, worker: Worker) -> bool:
+        """Whether ``worker``'s replacement was waiting (it waits no more)."""
+        timer = self._deferred.pop(worker, None)
+        if timer is not None:
+            timer.cancel()
+        return timer is not None
 
     def _share_out(self) -> None:
         if self.sharing is not None:
@@ -464,6 +497,7 @@ class WorkerPool:
                 # ``done`` among it): signalling a process, and its exit, need not come first.
                 worker.alive = False
                 self.reactor.later(functools.partial(worker.kill, worker.retiring))
+                self._replace(worker)
         self._serve_waiting()
 
     def _retire(self, worker: Worker, reason: StopReason) -> None:

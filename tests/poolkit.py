@@ -1,0 +1,101 @@
+"""A real worker pool in the test's own process, and executions that lease slots in it as
+connections do."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import time
+from collections.abc import AsyncIterator
+
+import trio
+
+from execbox_runner.daemon.config import Settings
+from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.pool.pool import WorkerPool
+from execbox_runner.daemon.pool.reaper import PR_SET_CHILD_SUBREAPER
+from execbox_runner.daemon.pool.worker import Lease, WorkerLost
+from execbox_runner.daemon.report import worker_arguments
+from execbox_runner.protocol import ipc
+
+WAIT_S = 10.0  # a bound on how long a wait may take, not a measurement
+
+
+@contextlib.asynccontextmanager
+async def running_pool(*worker_args: str, warm: int = 1, lifetime: int = 2) -> AsyncIterator[WorkerPool]:
+    """A real pool in this process (its reactor reading the workers' channels), which becomes a
+    subreaper for it and stops being one after; ``lifetime``: executions per worker."""
+    reactor = Reactor()
+    pool = WorkerPool(
+        warm=warm,
+        max_workers=4,
+        capacity=8,
+        lifetime=lifetime,
+        max_frame=1 << 20,
+        worker_args=[*worker_arguments(Settings()), *worker_args],
+        abandon_grace=2.5,
+        reactor=reactor,
+    )
+    pids: set[int] = set()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reactor.run)
+            await nursery.start(pool.run)
+            yield pool
+            pids.update(pool.pids)
+            nursery.cancel_scope.cancel()
+    finally:
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        reap(pids)
+
+
+def reap(pids: set[int]) -> None:
+    """Reap the pool's processes that came back to this process once the pool stopped (bounded)."""
+    deadline = time.monotonic() + WAIT_S
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    break
+            except ChildProcessError:  # not ours (yet): still its zygote's, or gone
+                if not os.path.exists(f"/proc/{pid}"):
+                    break
+            time.sleep(0.02)
+
+
+class Execution:
+    """A slot leased as a connection leases one; what its worker sends it is kept for the test."""
+
+    backlog = 0  # its host reads everything at once
+
+    def __init__(self, pool: WorkerPool, tenant: str = "") -> None:
+        self.lease: Lease | None = None
+        self._received: list[ipc.ToolCalls | ipc.Finished | WorkerLost] = []
+        pool.acquire(tenant, self._leased)
+
+    def _leased(self, lease: Lease) -> None:
+        self.lease = lease
+        lease.receiver = self
+
+    def worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None:
+        self._received.append(message)
+
+    def worker_lost(self, lease: Lease, reason: WorkerLost) -> None:
+        self._received.append(reason)
+
+    async def leased(self) -> Lease:
+        with trio.fail_after(WAIT_S):
+            while self.lease is None:
+                await trio.sleep(0.01)
+        return self.lease
+
+    async def receive(self) -> ipc.ToolCalls | ipc.Finished:
+        """The worker's next message (WorkerLost raised)."""
+        with trio.fail_after(WAIT_S):
+            while not self._received:
+                await trio.sleep(0.01)
+        message = self._received.pop(0)
+        if isinstance(message, WorkerLost):
+            raise message
+        return message
