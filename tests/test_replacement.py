@@ -13,15 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .daemonkit import (
-    Daemon,
-    client,
-    execute,
-    receive,
-    run_to_done,
-    running_daemon,
-    running_daemon_with_site,
-)
+from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site
 
 
 def stop_all(daemon: Daemon, sig: int) -> list[int]:
