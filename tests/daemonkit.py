@@ -79,8 +79,21 @@ def children_of(parent: int) -> list[int]:
 
 def process_state(pid: int) -> str:
     """The process state letter (``Z`` for a zombie); ``gone`` once it has been reaped."""
+    return _state(f"/proc/{pid}/stat")
+
+
+def thread_states(pid: int) -> list[str]:
+    """The state letter of each thread of ``pid`` (``T``: stopped); none once it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    return [state for tid in tids if (state := _state(f"/proc/{pid}/task/{tid}/stat")) != "gone"]
+
+
+def _state(path: str) -> str:
+    try:
+        with open(path) as stat:
             return stat.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"

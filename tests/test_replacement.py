@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site
+from .daemonkit import (
+    Daemon,
+    client,
+    execute,
+    receive,
+    run_to_done,
+    running_daemon,
+    running_daemon_with_site,
+    thread_states,
+)
 
 
 def stop_all(daemon: Daemon, sig: int) -> list[int]:
@@ -31,12 +40,7 @@ def stop_all(daemon: Daemon, sig: int) -> list[int]:
 
 def stopped(pid: int) -> bool:
     """Whether every thread of ``pid`` is stopped (or the process is gone)."""
-    states = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
-                states.append(stat.read().rsplit(")", 1)[1].split()[0])
-    return all(state == "T" for state in states)
+    return all(state == "T" for state in thread_states(pid))
 
 
 @pytest.mark.parametrize("profile", ["standard", "hardened"])
