@@ -76,7 +76,7 @@ RUNS = [
     (
         "worker_start.py",
         ["--workers", "2"],
-        [r"hardened \(1 thread\) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+\n", r"standard, no confinement +[\d.]+"],
+        [r"hardened \(1 thread\) +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +\d+ +\d+\n", r"standard, no confinement +[\d.]+"],
     ),
     (
         "worker_steady.py",

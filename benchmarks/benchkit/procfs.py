@@ -14,13 +14,24 @@ CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES: Final = os.sysconf("SC_PAGE_SIZE")
 
 
-def _proc_times(pid: int) -> tuple[int, int, int]:
-    """(ppid, own CPU ticks, CPU ticks of reaped children) from /proc/PID/stat."""
+def _stat_fields(pid: int) -> list[bytes]:
+    """/proc/PID/stat from field 3 (state) on: field N is at index N - 3."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    # fields[0] is field 3 (state): ppid is field 4, utime/stime/cutime/cstime are fields 14-17.
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def _proc_times(pid: int) -> tuple[int, int, int]:
+    """(ppid, own CPU ticks, CPU ticks of reaped children) from /proc/PID/stat."""
+    fields = _stat_fields(pid)
+    # ppid is field 4, utime/stime/cutime/cstime are fields 14-17.
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
+
+
+def minor_faults(pid: int) -> tuple[int, int]:
+    """(the process's own minor page faults, those of its reaped children): fields 10 and 11."""
+    fields = _stat_fields(pid)
+    return int(fields[7]), int(fields[8])
 
 
 def _process_table() -> dict[int, tuple[int, int, int]]:
