@@ -52,12 +52,12 @@ HOSTILE_CHANNEL = textwrap.dedent(
 
         _send = loop.Worker._send
 
-        def send(self, slot, message):
+        def send(self, slot, message, **options):
             if isinstance(message, ipc.Finished) and message.result == b'"send descriptors"':
                 with self.send_lock:  # its own channel (the one it has), with the result
                     socket.send_fds(self.sock, [ipc.frame(slot, message)], [self.sock.fileno()] * 3)
                 return
-            _send(self, slot, message)
+            _send(self, slot, message, **options)
 
         loop.Worker._send = send
     """

@@ -13,7 +13,8 @@ steps, by one runner thread at a time.
 The runner threads take turns leading (see ``Worker._runner``): the leader
 reads the channel and runs the short steps itself, one after another, so a
 trivial execution costs no hand-off between threads (threads handing work and
-the GIL to each other cost more than the steps). Another runner stands by and
+the GIL to each other cost more than the steps), and while more steps are ready their reports
+wait to leave in one write. Another runner stands by and
 watches the leader's steps; when one turns long, a guest computing or
 spinning, the standby takes the lead and the old leader goes on with its step
 in parallel, since QuickJS releases the GIL while JavaScript runs. A guest
@@ -76,6 +77,9 @@ SWITCH_INTERVAL_S: Final = 0.0002
 NICENESS: Final = 10
 DEFAULT_THREADS: Final = 16
 _READ_BYTES: Final = 64 << 10  # at most this much from the channel at a time
+# While more steps are ready, the leader's reports wait for others to go with them, the first at most
+# this long and one step more (see ``Worker._lead``).
+HOLD_S: Final = 0.0002
 NOT_STARTED: Final = ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
 NOT_STARTED_EVICTED: Final = ipc.Finished(False, None, "memory_limit", BUDGET_MESSAGE, [])
 
@@ -106,6 +110,8 @@ class Worker:
         # Guards hosted, each slot's mailbox, scheduled and aborting, and the roles below.
         self.lock = threading.Lock()
         self.send_lock = threading.Lock()
+        self.held: list[bytes] = []  # the leader's reports not sent yet (under send_lock)
+        self.held_since = 0.0  # when the first of them was held
         self.ready: collections.deque[Hosted] = collections.deque()  # slots with work, oldest first
         self.leader: Runner | None = None  # reads the channel and runs short steps (see ``_lead``)
         self.stepping = False  # the leader is running steps, away from the channel
@@ -220,6 +226,13 @@ class Worker:
         an execution's engine calls, their caches cold) it cost twice the CPU. Between steps
         the channel is read without waiting, so an Abort is taken after at most one step, and
         the lead moves only during a step, never while the channel is being read.
+
+        While more steps are ready, the reports of its steps are held to go out together: a write
+        per report, and the daemon's wake-up for each, cost more than the step itself did with
+        ten tool calls at 64 executions at once. They go out once nothing is ready (before a
+        spare runtime is made, or the channel waited on), once the first has waited ``HOLD_S``,
+        or with any report another thread sends. Held before a step that turned long, they are
+        the next leader's: it sends them after its first step at most.
         """
         fresh = True  # the channel has been read since the last step
         while True:
@@ -241,7 +254,10 @@ class Worker:
             if hosted is not None:
                 self._run(hosted, me)
                 fresh = False
-            elif runnable or not self._prepare_spare():
+                continue
+            if self.held and (not runnable or time.monotonic() - self.held_since >= HOLD_S):
+                self._flush()
+            if runnable or not self._prepare_spare():
                 if not runnable and self.armed:  # going idle: the standby sleeps on
                     self._disarm()
                 self._read(block=not runnable)
@@ -392,10 +408,10 @@ class Worker:
                 out = self._take(hosted, message, me)
                 if isinstance(out, ipc.Finished):
                     self._end(hosted)
-                    self._send(hosted.slot, out)
+                    self._send(hosted.slot, out, hold=me is not None)
                     return
                 if out.calls or out.logs:
-                    self._send(hosted.slot, out)
+                    self._send(hosted.slot, out, hold=me is not None)
 
     def _take(
         self, hosted: Hosted, message: ipc.ToWorker | list[ipc.Settle], me: Runner | None
@@ -469,10 +485,28 @@ class Worker:
         if hosted.guest is not None and self.interrupter is not None:
             self.interrupter.forget(hosted.guest)
 
-    def _send(self, slot: int, message: ipc.FromWorker) -> None:
+    def _send(self, slot: int, message: ipc.FromWorker, *, hold: bool = False) -> None:
+        """Send one frame, after the held ones; ``hold``: hold it too if this runner still leads (see
+        ``_lead``). The lead may move while the frame is made (a large one takes a while): the
+        runner that leads from then on sends what is held by then, and this one what it holds later."""
         data = ipc.frame(slot, message)
         with self.send_lock:
+            if not self.held:
+                self.held_since = time.monotonic()
+            self.held.append(data)
+            if hold and self.leader is self.local.runner:
+                return
+            data = b"".join(self.held)
+            self.held.clear()
             self.sock.sendall(data)
+
+    def _flush(self) -> None:
+        """Send the held frames."""
+        with self.send_lock:
+            if self.held:
+                data = b"".join(self.held)
+                self.held.clear()
+                self.sock.sendall(data)
 
 
 def _batched(messages: list[ipc.ToWorker]) -> list[ipc.ToWorker | list[ipc.Settle]]:
