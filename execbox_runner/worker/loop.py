@@ -486,9 +486,10 @@ class Worker:
             self.interrupter.forget(hosted.guest)
 
     def _send(self, slot: int, message: ipc.FromWorker, *, hold: bool = False) -> None:
-        """Send one frame, after the held ones; ``hold``: hold it too if this runner still leads (see
-        ``_lead``). The lead may move while the frame is made (a large one takes a while): the
-        runner that leads from then on sends what is held by then, and this one what it holds later."""
+        """Send one frame, after the held ones; ``hold``: hold it instead if this runner still leads
+        (see ``_lead``). Whether it does is asked once the frame is made, a large one taking a while:
+        if the lead moved meanwhile, the new leader may have looked for held frames already, so
+        this runner sends them itself."""
         data = ipc.frame(slot, message)
         with self.send_lock:
             if not self.held:
