@@ -497,17 +497,19 @@ class Worker:
             self.held.append(data)
             if hold and self.leader is self.local.runner:
                 return
-            data = b"".join(self.held)
-            self.held.clear()
-            self.sock.sendall(data)
+            self._write_held()
 
     def _flush(self) -> None:
         """Send the held frames."""
         with self.send_lock:
-            if self.held:
-                data = b"".join(self.held)
-                self.held.clear()
-                self.sock.sendall(data)
+            self._write_held()
+
+    def _write_held(self) -> None:
+        """(Under send_lock.) The held frames, in one write."""
+        if self.held:
+            data = b"".join(self.held)
+            self.held.clear()
+            self.sock.sendall(data)
 
 
 def _batched(messages: list[ipc.ToWorker]) -> list[ipc.ToWorker | list[ipc.Settle]]:
