@@ -62,6 +62,25 @@ class Daemon:
 
         return parsed(self.log_lines(None if until is None else lambda lines: until(parsed(lines))))
 
+    def descriptors(self) -> list[str]:
+        """What the daemon's descriptors refer to, less its brief reads of /proc (a worker's memory,
+        several times a second): what it holds, for a count that a read in flight does not skew."""
+        held = []
+        for fd in os.listdir(f"/proc/{self.process.pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):  # closed since the listing
+                target = os.readlink(f"/proc/{self.process.pid}/fd/{fd}")
+                if not target.startswith("/proc/"):
+                    held.append(f"{fd}: {target}")
+        return held
+
+    def descriptors_within(self, limit: int, timeout: float) -> list[str]:
+        """The daemon's descriptors once they number at most ``limit``, or after ``timeout``: the last
+        sample, for the caller to check (its workers' channels and pidfds close as they are replaced)."""
+        deadline = time.monotonic() + timeout
+        while len(held := self.descriptors()) > limit and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return held
+
     def workers(self) -> list[int]:
         """PIDs of the daemon's workers: the children of its zygote (its one child)."""
         return [pid for zygote in children_of(self.process.pid) for pid in children_of(zygote)]

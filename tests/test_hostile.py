@@ -4,7 +4,6 @@ the daemon survives, and nothing leaks (descriptors, processes)."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 
@@ -100,20 +99,16 @@ def daemon(request: pytest.FixtureRequest) -> Iterator[Daemon]:
         yield d
 
 
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def settled_fds(daemon: Daemon) -> int:
+def settled_descriptors(daemon: Daemon) -> list[str]:
     """The daemon's descriptors once its pool has stopped changing: the same workers and count
     over half a second (for 10 s at most). An execution's lease makes the pool start a worker to
     keep its warm ones idle, and that worker's channel and pidfd belong to the daemon from then on."""
-    last = (open_fds(daemon.process.pid), daemon.workers())
+    last = (daemon.descriptors(), daemon.workers())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        now = (open_fds(daemon.process.pid), daemon.workers())
-        if now == last:
+        now = (daemon.descriptors(), daemon.workers())
+        if (len(now[0]), now[1]) == (len(last[0]), last[1]):
             break
         last = now
     return last[0]
@@ -122,7 +117,7 @@ def settled_fds(daemon: Daemon) -> int:
 def test_the_corpus_cannot_hurt_the_daemon(daemon: Daemon) -> None:
     with client(daemon.url) as ws:
         run_to_done(ws, "warm-up", "1")
-    fds_before = settled_fds(daemon)
+    before = settled_descriptors(daemon)
     outcomes: dict[str, str] = {}
     for name, (code, expected) in CORPUS.items():
         started = time.monotonic()
@@ -135,10 +130,11 @@ def test_the_corpus_cannot_hurt_the_daemon(daemon: Daemon) -> None:
     # Still serving, and nothing left behind.
     with client(daemon.url) as ws:
         assert run_to_done(ws, "after", "await tools.echo(41) + 1")["result"] == 42
+    after = daemon.descriptors_within(len(before), timeout=20)
+    assert len(after) <= len(before), ("the daemon leaked file descriptors", before, after)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (open_fds(daemon.process.pid) > fds_before or len(daemon.workers()) > 2 + 2):
+    while len(daemon.workers()) > 2 + 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert open_fds(daemon.process.pid) <= fds_before, "the daemon leaked file descriptors"
     assert len(daemon.workers()) <= 4, "worker processes were left behind"
 
 
