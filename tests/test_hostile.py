@@ -122,7 +122,10 @@ def test_the_corpus_cannot_hurt_the_daemon(daemon: Daemon) -> None:
     for name, (code, expected) in CORPUS.items():
         started = time.monotonic()
         with client(daemon.url) as ws:
-            done = run_to_done(ws, name, code, timeoutMs=1500, memoryLimitBytes=MEMORY, maxLogChars=100_000)
+            # Guests that end on a limit of their own get room to reach it on a loaded machine; the
+            # time limit stays short for those expected to meet it.
+            timeout_ms = 1500 if "timeout" in expected else 8000  # (each message is awaited 10 s)
+            done = run_to_done(ws, name, code, timeoutMs=timeout_ms, memoryLimitBytes=MEMORY, maxLogChars=100_000)
         outcomes[name] = "ok" if done["ok"] else done["error"]["code"]
         assert outcomes[name] in expected, (name, done.get("error"))
         assert time.monotonic() - started < 30, name
