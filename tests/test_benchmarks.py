@@ -42,7 +42,15 @@ RUNS = [
             r"a's CPU .*: [\d.]+ of \d+ cores",
         ],
     ),
-    ("parked.py", ["--n", "20", "--delay", "0.2"], [r"ok 20, refused \(503\) 0, failed 0", r"20 of 20 parked"]),
+    (
+        "parked.py",
+        ["--n", "20", "--delay", "1"],
+        [
+            r"ok 20, refused \(503\) 0, failed 0",
+            r"20 of 20 parked",
+            r"the ramp's CPU per execution: daemon \d+ us, workers \d+ us \(their busiest thread \d+ us\)",
+        ],
+    ),
     (
         "throughput.py",
         ["--tools", "--cpus", "0", "0,1", "--concurrency", "2", "--rounds", "1", "--duration", "0.3"],

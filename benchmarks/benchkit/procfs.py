@@ -79,6 +79,24 @@ def tree_cpu_seconds(root: int) -> tuple[float, float, int]:
     return own / CLK_TCK, (reaped + live) / CLK_TCK, len(descendants)
 
 
+def tree_thread_cpu_ns(root: int) -> dict[tuple[int, int], int]:
+    """CPU nanoseconds of every thread of ``root`` and its live descendants, by (PID, thread ID):
+    the scheduler's own count (``schedstat``), finer than the clock ticks of ``stat``."""
+    threads: dict[tuple[int, int], int] = {}
+    for pid in [root, *_descendants(_process_table(), root)]:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # exited meanwhile
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as schedstat:
+                    threads[pid, int(tid)] = int(schedstat.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return threads
+
+
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs from /proc/stat."""
     with open("/proc/stat") as f:
