@@ -90,9 +90,9 @@ class Execution:
                 await trio.sleep(0.01)
         return self.lease
 
-    async def receive(self) -> ipc.ToolCalls | ipc.Finished:
+    async def receive(self, timeout: float = WAIT_S) -> ipc.ToolCalls | ipc.Finished:
         """The worker's next message (WorkerLost raised)."""
-        with trio.fail_after(WAIT_S):
+        with trio.fail_after(timeout):
             while not self._received:
                 await trio.sleep(0.01)
         message = self._received.pop(0)

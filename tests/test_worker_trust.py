@@ -81,9 +81,12 @@ def status_kib(pid: int, field: str) -> int:
 def test_the_daemon_truncates_a_workers_logs_to_the_executions_limits(daemon: Daemon) -> None:
     """240 lines of 1 MiB in ten messages come back as the spec's truncation of them."""
     with client(daemon.url) as ws:
-        done = run_to_done(ws, "e1", "'flood in many messages'", maxLogLines=100, maxLogChars=64_000)
+        # 240 MiB to read and truncate: time enough for it on a loaded machine.
+        done = run_to_done(ws, "e1", "'flood in many messages'", timeoutMs=60_000, maxLogLines=100, maxLogChars=64_000)
         assert (done["ok"], done["logs"]) == (True, ["x" * 64_000])
-        done = run_to_done(ws, "e2", "'flood in many messages'", maxLogLines=3, maxLogChars=2 * MIB + 10)
+        done = run_to_done(
+            ws, "e2", "'flood in many messages'", timeoutMs=60_000, maxLogLines=3, maxLogChars=2 * MIB + 10
+        )
         assert [len(line) for line in done["logs"]] == [MIB, MIB, 10]
     # Buffered one message at a time: the daemon's peak is far below the 240 MiB sent.
     assert status_kib(daemon.process.pid, "VmHWM") < 200 * 1024
