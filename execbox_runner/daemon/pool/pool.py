@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 # A worker whose channel closed this long ago and that has not exited is killed.
 CLOSED_EXIT_S: Final = 1.0
+# As the pool stops, how long it waits for the workers it killed to have exited.
+STOP_WAIT_S: Final = 5.0
 # Workers of one execution each: the longest a claimed spare's replacement waits for the execution's
 # end, while another spare is ready (a short execution ends first, a long one stops waiting).
 REPLACE_AFTER_S: Final = 0.05
@@ -144,9 +146,21 @@ class WorkerPool:
                     self._top_up()
             finally:
                 self._nursery = None  # stopping: an execution let go now has nothing to abort
-                for worker in list(self.workers):
+                killed = list(self.workers)
+                for worker in killed:
                     worker.kill("shutdown")
+                await self._wait_exited(killed)
                 await self.zygote.aclose()
+
+    @staticmethod
+    async def _wait_exited(workers: list[Worker]) -> None:
+        """Until each of ``workers``, killed, has exited (at most ``STOP_WAIT_S``): a daemon that has
+        stopped leaves no worker behind. A killed process still runs its own exit, at the workers'
+        lowered priority, which a loaded machine can make take a while."""
+        with trio.move_on_after(STOP_WAIT_S) as scope:
+            scope.shield = True
+            while not all(worker.exited() for worker in workers):
+                await trio.sleep(0.005)
 
     def _changed(self) -> None:
         """What the pool's size depends on changed: start the workers now missing. Once the pool is

@@ -283,10 +283,14 @@ class Worker:
 
     # ------------------------------------------------------------------ the process
 
+    def exited(self) -> bool:
+        """Whether its process has exited (or is followed no more: its pidfd closed)."""
+        return self.pidfd < 0 or _readable(self.pidfd)
+
     def kill(self, reason: StopReason) -> None:
         """SIGKILL it, for ``reason``, unless it has exited already (then how it ended is its own)."""
         self.alive = False
-        if self.pidfd < 0 or _readable(self.pidfd):
+        if self.exited():
             return
         self.kill_reason = self.kill_reason or reason
         try:
