@@ -124,10 +124,8 @@ def test_a_tenant_with_many_spinning_guests_takes_no_more_than_its_share(daemon:
     time.sleep(1.5)  # the daemon reads its workers' CPU once a second
     after = tenant_cpu(daemon)
     a, b = (after[name] - before.get(name, 0.0) for name in ("a", "b"))
-    assert b / (a + b) > 0.2, (
-        a,
-        b,
-    )  # about 0.45 (a was alone at first), 0.27 beside two busy loops; without shares 0.1
+    # About 0.45 (a was alone at first), 0.27 beside two busy loops; without shares 0.1.
+    assert b / (a + b) > 0.2, (a, b)
 
 
 def test_another_tenants_spinning_guests_leave_short_executions_their_latency(daemon: Daemon) -> None:

@@ -136,9 +136,9 @@ def test_the_corpus_cannot_hurt_the_daemon(daemon: Daemon) -> None:
     after = daemon.descriptors_within(len(before), timeout=20)
     assert len(after) <= len(before), ("the daemon leaked file descriptors", before, after)
     deadline = time.monotonic() + 20
-    while len(daemon.workers()) > 2 + 2 and time.monotonic() < deadline:
+    while len(workers := daemon.workers()) > 2 + 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert len(daemon.workers()) <= 4, "worker processes were left behind"
+    assert len(workers) <= 4, ("worker processes were left behind", workers)
 
 
 def test_only_the_hardened_profile_retires_a_worker_after_one_execution(daemon: Daemon) -> None:
