@@ -108,13 +108,17 @@ def _run(
     logs: list[str] = []
     for _ in range(1000):
         logs += out.logs
-        if isinstance(out, ipc.Finished):
-            return ipc.Finished(ok=out.ok, result=out.result, code=out.code, message=out.message, logs=logs)
+        if record is not None:
+            record += [
+                (provider, tool, UNDEFINED if raw is None else json.loads(raw)) for _, provider, tool, raw in out.calls
+            ]
+        if isinstance(out, ipc.Finished):  # its calls are those the guest never awaited
+            return ipc.Finished(
+                ok=out.ok, result=out.result, code=out.code, message=out.message, logs=logs, calls=out.calls
+            )
         assert out.calls, "guest stalled with no tool call pending"
         for call_id, provider, tool, raw in out.calls:
             value = UNDEFINED if raw is None else json.loads(raw)
-            if record is not None:
-                record.append((provider, tool, value))
             try:
                 answer = host(provider, tool, value)
             except HostError as exc:

@@ -56,6 +56,46 @@ def test_timeout_is_wall_clock_and_includes_waiting_for_a_tool(daemon: Daemon) -
     assert done["error"]["code"] == "timeout" and 250 <= done["durationMs"] < 5000
 
 
+@pytest.mark.parametrize(
+    ("code", "outcome"),
+    [
+        ("tools.echo({ n: 1 }); 5", {"ok": True, "result": 5}),
+        (
+            "tools.echo({ n: 1 }); throw new Error('boom')",
+            {"ok": False, "error": {"code": "runtime_error", "message": "boom"}},
+        ),
+        (
+            "tools.echo({ n: 1 }); while (true) {}",
+            {"ok": False, "error": {"code": "timeout", "message": "Execution timed out"}},
+        ),
+    ],
+)
+def test_a_tool_call_the_guest_never_awaits_reaches_the_host_before_the_done(
+    daemon: Daemon, code: str, outcome: dict
+) -> None:
+    with client(daemon.url) as ws:
+        ws.send(execute("fire", code, timeoutMs=300))
+        messages = [receive(ws) for _ in range(3)]
+    call = {"type": "tool_call", "callId": "call-1", "providerName": "tools", "safeToolName": "echo", "input": {"n": 1}}
+    assert messages[:2] == [{"type": "started", "id": "fire"}, call]
+    assert {key: messages[2][key] for key in ("type", "id", *outcome)} == {"type": "done", "id": "fire", **outcome}
+
+
+def test_a_late_tool_result_for_an_ended_execution_never_answers_the_next_ones_call(daemon: Daemon) -> None:
+    with client(daemon.url) as ws:
+        ws.send(execute("e1", "await tools.hang({})", timeoutMs=300))
+        assert receive(ws)["type"] == "started"
+        stale = receive(ws)["callId"]
+        assert receive(ws, timeout=5)["error"]["code"] == "timeout"
+        ws.send(execute("e2", "await tools.echo('e2')"))
+        assert receive(ws)["type"] == "started"
+        call = receive(ws)["callId"]
+        assert call != stale
+        for call_id, result in ((stale, "stale"), (call, "fresh")):
+            ws.send(json.dumps({"type": "tool_result", "callId": call_id, "ok": True, "result": result}))
+        assert receive(ws)["result"] == "fresh"
+
+
 def receive_shape(exec_id: str) -> dict:
     return {"type": "done", "id": exec_id, "ok": True, "logs": []}
 

@@ -270,9 +270,9 @@ def test_output_larger_than_the_runner_limit_is_a_serialization_error() -> None:
     calls: list = []
     code = "try { await tools.echo('x'.repeat(600)) ; await Promise.all([tools.echo('y'.repeat(600)), tools.echo('z'.repeat(600))]) } catch (e) { return e.code }"
     assert value(run(code, max_output=1000, record=calls)) == "serialization_error"
-    # The third input did not fit beside the second; Promise.all then rejected at once,
-    # so the guest finished before the second was ever sent.
-    assert [len(c[2]) for c in calls] == [600]
+    # The third input did not fit beside the second; Promise.all then rejected at once, and the
+    # guest finished: the second still goes out, before the done, as every call it made does.
+    assert [len(c[2]) for c in calls] == [600, 600]
 
 
 def test_an_abort_ends_a_guest_that_queues_microtasks_forever() -> None:
@@ -397,6 +397,46 @@ def test_a_too_deep_result_says_where_in_a_bounded_message() -> None:
 def test_recursion_as_deep_as_node_allows(depth: int) -> None:
     """Node gives a small recursive function ~10,800 frames; model-written tree walks need thousands."""
     assert value(run(f"function g(n) {{ return n ? 1 + g(n - 1) : 0 }} g({depth})")) == depth
+
+
+@pytest.mark.parametrize(
+    ("code", "code_or_value"),
+    [
+        ("tools.echo(1); tools.echo(2); 5", 5),
+        ("tools.echo(1); await null; tools.echo(2); 5", 5),
+        ("tools.echo(1); tools.echo(2); throw new Error('boom')", "runtime_error"),
+        ("tools.echo(1); tools.echo(2); while (true) {}", "timeout"),
+    ],
+)
+def test_calls_the_guest_never_awaits_go_out_before_it_ends(code: str, code_or_value: object) -> None:
+    """A call made and never awaited is still the host's to run: the ``Finished`` carries it, however
+    the execution ends (the daemon sends its ``tool_call`` before the ``done``)."""
+    record: list[tuple[str, str, Any]] = []
+    finished = run(code, budget=0.3, record=record)
+    assert (value(finished) if finished.ok else finished.code) == code_or_value
+    assert record == [("tools", "echo", 1), ("tools", "echo", 2)]
+    assert [call_id for call_id, *_ in finished.calls] == [1, 2]
+
+
+def test_an_abort_reports_the_calls_made_before_it_and_refuses_those_made_while_unwinding() -> None:
+    guest = GuestRun(run_message("tools.echo(1); while (true) {}", providers=[("tools", ["echo"])], budget=60))
+    poker = threading.Timer(0.05, lambda: [guest.interrupt() for _ in range(3)])
+    poker.start()
+    assert guest.start().calls == []  # stopped, not finished: the abort reports what it did
+    finished = guest.abort()
+    assert (finished.code, finished.calls) == ("timeout", [(1, "tools", "echo", b"1")])
+    code = "try { await tools.echo(1) } finally { tools.echo(2); console.log('unwinding') }"
+    guest = GuestRun(run_message(code, providers=[("tools", ["echo"])]))
+    assert len(guest.start().calls) == 1
+    finished = guest.abort()
+    assert (finished.code, finished.logs, finished.calls) == ("timeout", ["unwinding"], [])
+
+
+def test_an_unawaited_call_too_big_to_send_is_left_out_as_the_guest_ends() -> None:
+    record: list[tuple[str, str, Any]] = []
+    finished = run("tools.echo(1); tools.echo('x'.repeat(100)); 5", max_output=50, record=record)
+    assert value(finished) == 5
+    assert record == [("tools", "echo", 1)] and len(finished.calls) == 1
 
 
 def test_spinning_guest_times_out_by_itself() -> None:

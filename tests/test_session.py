@@ -81,6 +81,19 @@ def test_tool_calls_are_numbered_and_results_correlated_once() -> None:
     assert session.receive_text(failing, 0.4) == [SendToWorker(ipc.Settle.reject(1, "tool_error", "no"))]
 
 
+def test_call_ids_go_on_across_executions_so_a_late_result_answers_no_later_call() -> None:
+    session = started_session()
+    session.worker_tool_calls(calls(1), 0.1)
+    session.receive_text(json.dumps({"type": "cancel", "id": "e1"}).encode(), 0.2)
+    session.worker_finished(ipc.Finished(ok=False, result=None, code="timeout", message="", logs=[]), 0.21)
+    session.receive_text(execute("e2"), 0.3)
+    assert [m["callId"] for m in sent(session.worker_tool_calls(calls(1), 0.4))] == ["call-2"]
+    late = json.dumps({"type": "tool_result", "callId": "call-1", "ok": True, "result": "stale"}).encode()
+    assert session.receive_text(late, 0.5) == []
+    fresh = json.dumps({"type": "tool_result", "callId": "call-2", "ok": True, "result": 2}).encode()
+    assert session.receive_text(fresh, 0.6) == [SendToWorker(ipc.Settle(call_id=1, ok=True, value=b"2"))]
+
+
 def test_a_tool_error_code_outside_the_stable_set_reaches_the_guest_as_tool_error_and_is_recorded() -> None:
     session = started_session()
     session.worker_tool_calls(calls(1, 2), 0.1)
@@ -159,6 +172,38 @@ def test_worker_cannot_call_tools_outside_the_manifest_or_repeat_call_ids() -> N
     session.worker_tool_calls(calls(1), 0.1)
     actions = session.worker_tool_calls(calls(1), 0.2)
     assert sent(actions)[0]["type"] == "done"
+    assert ReleaseWorker(misbehaved=True) in actions
+
+
+def test_calls_a_finished_guest_never_awaited_go_out_before_its_done_unless_the_host_cancelled() -> None:
+    session = started_session()
+    ended = ipc.Finished(ok=True, result=b"5", code=None, message="", logs=[], calls=calls(1, 2).calls)
+    messages = sent(session.worker_finished(ended, 0.1))
+    assert [(m["type"], m.get("callId")) for m in messages] == [
+        ("tool_call", "call-1"),
+        ("tool_call", "call-2"),
+        ("done", None),
+    ]
+    assert messages[2]["result"] == 5
+    timed_out = ipc.Finished(
+        ok=False, result=None, code="timeout", message="Execution timed out", logs=[], calls=calls(1).calls
+    )
+    session = started_session()
+    assert session.timer(1.0) == [SendToWorker(ipc.Abort())]  # the daemon's timeout: made before it, the call goes out
+    assert [m["type"] for m in sent(session.worker_finished(timed_out, 1.001))] == ["tool_call", "done"]
+    session = started_session()
+    session.receive_text(json.dumps({"type": "cancel", "id": "e1"}).encode(), 0.1)
+    assert [m["type"] for m in sent(session.worker_finished(timed_out, 0.101))] == ["done"]  # none after a cancel
+
+
+def test_a_finished_guests_calls_are_checked_like_any_others() -> None:
+    session = started_session()
+    session.worker_tool_calls(calls(1), 0.1)
+    actions = session.worker_finished(
+        ipc.Finished(ok=True, result=b"5", code=None, message="", logs=[], calls=calls(1).calls), 0.2
+    )
+    (done,) = sent(actions)
+    assert done["error"]["code"] == "internal_error"
     assert ReleaseWorker(misbehaved=True) in actions
 
 

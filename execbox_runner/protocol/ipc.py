@@ -76,22 +76,27 @@ class Share(Struct, array_like=True, tag=5):
     steps: int
 
 
-class ToolCalls(Struct, array_like=True, tag=10):
-    """Tool calls the guest made (``(call_id, provider, tool, input JSON or None)``)
-    and log lines written since the last message."""
+# A tool call the guest made: (call_id, provider, tool, input JSON or None).
+Call: TypeAlias = tuple[int, str, str, bytes | None]
 
-    calls: list[tuple[int, str, str, bytes | None]]
+
+class ToolCalls(Struct, array_like=True, tag=10):
+    """Tool calls the guest made and log lines written since the last message."""
+
+    calls: list[Call]
     logs: list[str]
 
 
 class Finished(Struct, array_like=True, tag=11):
-    """The execution ended."""
+    """The execution ended; ``calls``: tool calls the guest made since the last message and never
+    awaited (a call it makes and then finishes, fails or times out), sent before the ``done``."""
 
     ok: bool
     result: bytes | None
     code: ErrorCode | None
     message: str
     logs: list[str]
+    calls: list[Call] = []
 
 
 class Heaps(Struct, array_like=True, tag=14):

@@ -114,6 +114,10 @@ class Phase(enum.Enum):
     CLOSED = "closed"  # transport gone or closed by us
 
 
+class _Misbehaved(Exception):
+    """A worker sent what it cannot have sent: the execution ends with ``internal_error``."""
+
+
 @dataclass(slots=True)
 class _Execution:
     id: str
@@ -185,6 +189,9 @@ class Session:
         self.live_logs = False
         self._exec: _Execution | None = None
         self._shutting_down = False
+        # Tool calls sent on this connection: their ids are unique within it, so that a late
+        # ``tool_result`` for an execution that ended can never answer a later one's call.
+        self._calls = 0
 
     @property
     def execution_id(self) -> str | None:
@@ -327,23 +334,36 @@ class Session:
         if ex is None:
             return []
         logged = self._logged(ex, message.logs)
-        if self.phase is not Phase.RUNNING:
-            return logged  # unwinding after cancel/timeout: no tool_call after the decision
+        try:
+            return logged + self._tool_calls(ex, message.calls, now)
+        except _Misbehaved as exc:
+            return logged + self.worker_lost(now, str(exc), misbehaved=True)
+
+    def _tool_calls(self, ex: _Execution, calls: list[ipc.Call], now: float) -> list[Action]:
+        """A ``tool_call`` for each call the guest made, now pending. A worker stopped at its timeout
+        reports the calls the guest made before it was stopped (it refuses those it makes as it
+        unwinds): they go out too, as the guest made them. After the host's cancel, or as the
+        daemon stops, none does. Raises ``_Misbehaved`` for a call the worker cannot have made."""
+        if self.phase is not Phase.RUNNING and (
+            self.phase is not Phase.ABORTING or ex.cancelled_at is not None or self._shutting_down
+        ):
+            return []
         actions: list[Action] = []
-        for call_id, provider, tool, input_json in message.calls:
+        for call_id, provider, tool, input_json in calls:
             if call_id in ex.issued or (provider, tool) not in ex.tools:
-                return logged + self.worker_lost(now, "worker sent an invalid tool call", misbehaved=True)
+                raise _Misbehaved("worker sent an invalid tool call")
             try:
                 tool_input = UNSET if input_json is None else checked_json(input_json)
             except BadJSON as exc:
-                return logged + self.worker_lost(now, f"worker sent an invalid tool input ({exc})", misbehaved=True)
+                raise _Misbehaved(f"worker sent an invalid tool input ({exc})") from None
             ex.issued.add(call_id)
-            call = f"call-{call_id}"
+            self._calls += 1
+            call = f"call-{self._calls}"
             ex.pending[call] = (call_id, now, f"{provider}.{tool}")
             actions.append(
                 SendToHost(encode(ToolCall(callId=call, providerName=provider, safeToolName=tool, input=tool_input)))
             )
-        return logged + actions
+        return actions
 
     def worker_finished(self, message: ipc.Finished, now: float) -> list[Action]:
         ex = self._exec
@@ -351,6 +371,11 @@ class Session:
             return []
         logged = self._logged(ex, message.logs)
         release = ReleaseWorker()
+        try:
+            # Calls the guest made and never awaited: the host hears of every call, before the done.
+            logged += self._tool_calls(ex, message.calls, now)
+        except _Misbehaved as exc:
+            return logged + self.worker_lost(now, str(exc), misbehaved=True)
         if self.phase is Phase.ABORTING:
             return logged + self._finish_timeout(now, release)
         if message.ok:

@@ -361,7 +361,7 @@ class GuestRun:
                 self._arm()
             while True:
                 if time.monotonic() >= self.deadline:
-                    return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, self._salvage_logs())
+                    return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, *self._salvage())
                 if self.interrupt_requested:
                     raise _Interrupted
                 if not self.context.execute_pending_job():
@@ -372,19 +372,9 @@ class GuestRun:
         except _Interrupted:
             return self._interrupted()
         logs = self._logged(logs)
-        if outcome is not None:
-            return self._outcome(outcome, logs)
-        forwarded: list[tuple[int, str, str, bytes | None]] = []
-        oversized: list[int] = []
-        room = self._max_output
-        for call_id, provider, tool, has_input, raw in calls:
-            data = bytes(raw) if has_input else None
-            room -= len(data or b"")
-            if room < 0:
-                oversized.append(call_id)
-            else:
-                self.waiting.add(call_id)
-                forwarded.append((call_id, provider, tool, data))
+        forwarded, oversized = self._forwardable(calls)
+        if outcome is not None:  # calls it never awaited still go out; any too big to, cannot now fail it
+            return self._outcome(outcome, logs, forwarded)
         if not oversized:
             return ipc.ToolCalls(calls=forwarded, logs=logs)
         # Too big to send: reject them in the guest like any unserializable input. However this ends,
@@ -408,8 +398,25 @@ class GuestRun:
                 code=after.code,
                 message=after.message,
                 logs=logs + after.logs,
+                calls=forwarded + after.calls,
             )
         return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
+
+    def _forwardable(self, calls: list[_Call]) -> tuple[list[ipc.Call], list[int]]:
+        """The calls of one report that fit within ``max_output_bytes`` together, now awaited
+        (``waiting``), and the ids of those that do not."""
+        forwarded: list[ipc.Call] = []
+        oversized: list[int] = []
+        room = self._max_output
+        for call_id, provider, tool, has_input, raw in calls:
+            data = bytes(raw) if has_input else None
+            room -= len(data or b"")
+            if room < 0:
+                oversized.append(call_id)
+            else:
+                self.waiting.add(call_id)
+                forwarded.append((call_id, provider, tool, data))
+        return forwarded, oversized
 
     def settle(self, *messages: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
         """Resolve or reject the tool calls ``messages`` answer, in order, then run one step: the
@@ -479,6 +486,7 @@ class GuestRun:
         self._stop_interrupts()
         if self.finished is not None:
             return self.finished
+        logs, calls = self._salvage()  # what the guest did before it was stopped
         unwound_by = time.monotonic() + UNWIND_S
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)
@@ -487,7 +495,8 @@ class GuestRun:
                 pass
         except quickjs.JSException:
             pass  # the unwinding guest ran out of its budget; what it logged is still collected
-        return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, self._salvage_logs())
+        unwound, _ = self._salvage()  # the calls it makes as it unwinds are refused
+        return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs + unwound, calls)
 
     def evict(self) -> ipc.Finished:
         """The daemon's memory budget is spent and this is its largest guest: end it now with
@@ -495,7 +504,7 @@ class GuestRun:
         self._stop_interrupts()
         if self.finished is not None:
             return self.finished
-        return self._finish(False, None, "memory_limit", BUDGET_MESSAGE, self._salvage_logs())
+        return self._finish(False, None, "memory_limit", BUDGET_MESSAGE, *self._salvage())
 
     # ------------------------------------------------------------------ outcomes
 
@@ -505,19 +514,19 @@ class GuestRun:
             raise _Interrupted
         self.context.set_time_limit(max(self.deadline - time.monotonic(), 0.001) * _CORES)
 
-    def _outcome(self, outcome: list[msgspec.Raw], logs: list[str]) -> ipc.Finished:
+    def _outcome(self, outcome: list[msgspec.Raw], logs: list[str], calls: list[ipc.Call]) -> ipc.Finished:
         status = _int_decoder.decode(outcome[0])
         if status == 1:
             result = bytes(outcome[1])
             if len(result) > self._max_output:
                 message = f"Guest code returned a value of {len(result)} bytes, over the runner's limit of {self._max_output} bytes"
-                return self._finish(False, None, "serialization_error", message, logs)
-            return self._finish(True, result, None, "", logs)
+                return self._finish(False, None, "serialization_error", message, logs, calls)
+            return self._finish(True, result, None, "", logs, calls)
         if status == 2:
-            return self._finish(True, None, None, "", logs)
+            return self._finish(True, None, None, "", logs, calls)
         if status == 3:
             code: ErrorCode = msgspec.json.decode(outcome[1], type=ErrorCode)
-            return self._finish(False, None, code, _str_decoder.decode(outcome[2]), logs)
+            return self._finish(False, None, code, _str_decoder.decode(outcome[2]), logs, calls)
         code, message = guest_failure(
             _str_decoder.decode(outcome[1]),
             _stack_decoder.decode(outcome[2]),
@@ -526,7 +535,7 @@ class GuestRun:
             memory_limit=self._memory_limit,
             resumed=self._resumed,
         )
-        return self._finish(False, None, code, message, logs)
+        return self._finish(False, None, code, message, logs, calls)
 
     def _refused(self) -> bool | None:
         """Whether an allocation was refused since the guest last resumed; None if not counted."""
@@ -538,11 +547,11 @@ class GuestRun:
         interrupted = text.split("\n", 1)[0] == "InternalError: interrupted"
         if interrupted and self.interrupt_requested:
             return self._interrupted()
-        logs = self._salvage_logs()
+        logs, calls = self._salvage()
         if interrupted:
-            return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs)
+            return self._finish(False, None, "timeout", TIMEOUT_MESSAGE, logs, calls)
         code, message = escaped_failure(text, self.program, refused=self._refused())
-        return self._finish(False, None, code, message, logs)
+        return self._finish(False, None, code, message, logs, calls)
 
     def stream(self, send: Callable[[list[str]], None]) -> None:
         """(From another thread, while the guest may be running.) ``send`` the lines logged since the
@@ -570,20 +579,29 @@ class GuestRun:
         with logring.lock:
             return self.ring.read()
 
-    def _salvage_logs(self) -> list[str]:
-        """Best effort: the lines logged before an engine failure, if the runtime can still say."""
+    def _salvage(self) -> tuple[list[str], list[ipc.Call]]:
+        """Best effort, as the execution ends without its outcome (an engine failure, a timeout):
+        the lines logged and the tool calls made since the last report, if the runtime can still
+        say (the calls too big to send are left out: the guest can no longer be told)."""
         self._stop_interrupts()
         try:
             self.context.set_time_limit(ABORT_BUDGET_S)
-            return _poll_decoder.decode(self.api(_POLL))[1]
+            calls, logs, _ = _poll_decoder.decode(self.api(_POLL))
         except (quickjs.JSException, msgspec.DecodeError):
-            return []
+            return [], []
+        return logs, self._forwardable(calls)[0]
 
     def _finish(
-        self, ok: bool, result: bytes | None, code: ErrorCode | None, message: str, logs: list[str]
+        self,
+        ok: bool,
+        result: bytes | None,
+        code: ErrorCode | None,
+        message: str,
+        logs: list[str],
+        calls: list[ipc.Call] | None = None,
     ) -> ipc.Finished:
         logs = logs + self.last_logs()  # the ring's last lines; its slot goes back to the pool
-        self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs)
+        self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs, calls=calls or [])
         self._release()
         return self.finished
 
