@@ -105,6 +105,36 @@ def test_sync_and_async_tools(backend: str, daemon: Daemon) -> None:
 
 
 @backends
+def test_tools_the_guest_calls_and_never_awaits_still_run(backend: str, daemon: Daemon) -> None:
+    """As execbox's host does, every tool call the runner sends starts, even one that comes just
+    before the done; the execution does not wait for it to end, nor for a person's approval."""
+    ran: list[str] = []
+
+    def notify(to: str) -> None:
+        ran.append(to)
+
+    async def record(event: str) -> None:
+        ran.append(event)
+        await anyio.sleep(60)  # stopped as the execution ends
+
+    async def never_approved(request: object) -> bool:
+        await anyio.sleep(60)
+        return False
+
+    providers = {"tools": {"notify": notify, "record": record, "gated": Tool(notify, approve=never_approved)}}
+    code = "tools.notify({to: 'a'}); tools.record({event: 'b'}); tools.gated({to: 'c'}); 5"
+    runner = Runner.connect(daemon.url)
+
+    async def execute() -> ExecuteResult:
+        with anyio.fail_after(30):  # the tools' and the approver's sleeps are twice as long
+            return await runner.execute(code, providers)
+
+    result = anyio.run(execute, backend=backend)
+    assert result.ok and result.result == 5, result.error
+    assert sorted(ran) == ["a", "b"]
+
+
+@backends
 def test_tool_errors_keep_their_codes_and_only_their_message(backend: str, daemon: Daemon) -> None:
     providers = {"t": {"plain": fail_plainly, "coded": fail_with_code}}
     code = """

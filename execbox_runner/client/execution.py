@@ -10,7 +10,11 @@ This is execbox's host session in Python: send ``execute``, answer every
 - cancelling the awaiting task sends ``cancel``, waits at most those 25 ms
   for the ``done`` (so the runner can keep its worker), and re-raises;
 - a connection that ends before ``done`` raises ``RunnerDisconnected``, a
-  frame that is not a runner message ``RunnerProtocolError``.
+  frame that is not a runner message ``RunnerProtocolError``;
+- every tool call the runner sends is the host's to run, as execbox's host starts
+  each one as it comes: once the ``done`` is in, the tools whose calls came just
+  before it start (``TOOL_START_S`` at most), then those still running are stopped
+  (a plain function's thread is left to finish, its result unused).
 
 An ``observe`` callable sees each log line (live from a runner offering the ``live-logs``
 extension, else from the ``done``; each line once, in order) and each tool call as it comes.
@@ -18,6 +22,7 @@ extension, else from the ``done``; each line once, in order) and each tool call 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,6 +40,9 @@ from .transport import WebSocket
 
 HOST_BACKSTOP_S: Final = 0.1  # execbox's HOST_TIMEOUT_BACKSTOP_MS
 CANCEL_GRACE_S: Final = 0.025  # execbox's DEFAULT_CANCEL_GRACE_MS
+# The longest the end of an execution waits for its last tools to start (a plain function waits for
+# a thread of anyio's pool, which may all be busy).
+TOOL_START_S: Final = 1.0
 TIMEOUT_MESSAGE: Final = "Execution timed out"
 _RUNNER_TYPES: Final = frozenset({"started", "tool_call", "log", "done"})
 _decoder: Final[msgspec.json.Decoder[Started | ToolCall | Log | Done]] = msgspec.json.Decoder(
@@ -74,6 +82,7 @@ class Execution:
         self._shown = 0  # log lines given to ``observe`` so far
         self._done: Done | None = None
         self._started = False
+        self._beginnings: list[threading.Event] = []  # one per tool call: set as its tool starts
 
     async def run(self) -> ExecuteResult:
         """Run to the ``done`` (or the backstop); always leaves the connection closed."""
@@ -99,6 +108,8 @@ class Execution:
                     await self._until_done(tools)
             except RunnerError as exc:
                 failure = exc  # raised below, outside the task group, so it is not wrapped in a group
+            if self._done is not None:
+                await self._let_tools_start()
             tools.cancel_scope.cancel()  # the execution is over: stop tools still running
         if failure is not None:
             raise failure
@@ -115,7 +126,9 @@ class Execution:
             message = _decode(await self._websocket.receive())
             if isinstance(message, ToolCall) and tools is not None:
                 self._show_call(message)
-                tools.start_soon(self._answer, message)
+                began = threading.Event()
+                self._beginnings.append(began)
+                tools.start_soon(self._answer, message, began)
             elif isinstance(message, Log) and message.id == self._execute.id:
                 self._show_lines(message.lines)
             elif isinstance(message, Done) and message.id == self._execute.id:
@@ -136,9 +149,18 @@ class Execution:
             value = None if call.input is UNSET else msgspec.json.decode(call.input)
             self._observe(ToolCallEvent(call.providerName, call.safeToolName, value))
 
-    async def _answer(self, call: ToolCall) -> None:
-        with tracing.tool_span(call.providerName, call.safeToolName):
-            result = await self._providers.answer(call)
+    async def _let_tools_start(self) -> None:
+        """Wait until every tool called has started (or waits for approval, or failed before)."""
+        with anyio.move_on_after(TOOL_START_S):
+            while not all(began.is_set() for began in self._beginnings):
+                await anyio.sleep(0.001)
+
+    async def _answer(self, call: ToolCall, began: threading.Event) -> None:
+        try:
+            with tracing.tool_span(call.providerName, call.safeToolName):
+                result = await self._providers.answer(call, began.set)
+        finally:
+            began.set()  # it failed before its tool could start: nothing to wait for
         try:
             await self._websocket.send_text(encode(result))
         except RunnerDisconnected:

@@ -45,6 +45,10 @@ _NOT_IDENTIFIER_CHARS: Final = re.compile(r"[^A-Za-z0-9_$]+")
 _PARAMETER_KINDS: Final = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
+def _nothing() -> None:
+    """No one to tell that a tool began."""
+
+
 def safe_name(name: str) -> str:
     """The guest-visible identifier for a tool name, as execbox sanitizes it."""
     name = _NOT_IDENTIFIER_CHARS.sub("_", name.strip()).strip("_") or "_"
@@ -100,17 +104,27 @@ class BoundTool:
     def declaration(self, safe: str) -> str:
         return declare_function(safe, self.description, self.input_schema, self.output_schema)
 
-    async def call(self, raw_input: msgspec.Raw | UnsetType) -> msgspec.Raw:
-        """Check the input, run the tool, check its result; every failure is a ``ToolError``."""
+    async def call(self, raw_input: msgspec.Raw | UnsetType, began: Callable[[], None] = _nothing) -> msgspec.Raw:
+        """Check the input, run the tool, check its result; every failure is a ``ToolError``.
+
+        ``began`` is called as the tool's function starts (in its thread, for a plain function), or
+        as it waits for approval: from then on, stopping the call cannot keep it from running."""
         args, kwargs = self._arguments(raw_input)
         if self.approve is not None:
+            began()  # waiting for a person: nothing of the tool has run, nor runs unless approved
             value = args[0] if args else kwargs
             await require_approval(self.approve, ApprovalRequest(self.provider, self.original_name, value))
         try:
             if self.is_async:
+                began()
                 value = await self.func(*args, **kwargs)
             else:
-                value = await anyio.to_thread.run_sync(lambda: self.func(*args, **kwargs), abandon_on_cancel=True)
+
+                def run() -> Any:
+                    began()
+                    return self.func(*args, **kwargs)
+
+                value = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
                 if inspect.isawaitable(value):  # a plain function that returns a coroutine
                     value = await value
         except ToolError:
@@ -199,14 +213,15 @@ class Providers:
         """Every provider's TypeScript declarations, for a model's prompt."""
         return "\n\n".join(manifest.types for manifest in self._manifests if isinstance(manifest.types, str))
 
-    async def answer(self, call: ToolCall) -> ToolResult:
-        """The ``tool_result`` for a ``tool_call``: the tool's value, or its failure as a stable code."""
+    async def answer(self, call: ToolCall, began: Callable[[], None] = _nothing) -> ToolResult:
+        """The ``tool_result`` for a ``tool_call``: the tool's value, or its failure as a stable code
+        (``began`` as for ``BoundTool.call``)."""
         tool = self._tools.get(call.providerName, {}).get(call.safeToolName)
         if tool is None:
             error = ErrorInfo("internal_error", f"Unknown tool {call.providerName}.{call.safeToolName}")
             return ToolResult(callId=call.callId, ok=False, error=error)
         try:
-            return ToolResult(callId=call.callId, ok=True, result=await tool.call(call.input))
+            return ToolResult(callId=call.callId, ok=True, result=await tool.call(call.input, began))
         except ToolError as exc:
             return ToolResult(callId=call.callId, ok=False, error=ErrorInfo(exc.code, exc.message))
         except Exception as exc:  # a failure of the host's own checks (say, a schema's unresolvable $ref)
