@@ -130,6 +130,13 @@ def test_guest_throws_become_runtime_errors_with_their_message(code: str, messag
         ("function main() {\n  return [].reduce((a, b) => a);\n}", "empty array (line 2, column 13)"),
         ("new Array(-1)", "invalid array length (line 1, column 5)"),
         ("function f(n) { return f(n + 1) + 1 } f(0)", "Maximum call stack size exceeded"),
+        # Code that ends too soon (as a model's output cut short does), or closes what it never opened:
+        # QuickJS finds these only in the runner's wrapping, so the brackets of the code say where.
+        ("const r = await tools.echo({\n  a: [1, 2", "unexpected end of input: '[' is never closed (line 2, column 6)"),
+        ("```js\nif (x) {\n  y()\n```", "unexpected end of input: '{' is never closed (line 2, column 8)"),
+        ("return {", "unexpected end of input: '{' is never closed (line 1, column 8)"),
+        ("const s = '{'; foo(`${s}`", "unexpected end of input: '(' is never closed (line 1, column 19)"),
+        ("if (x) { y() }}", "Unexpected token '}' (line 1, column 15)"),
     ],
 )
 def test_engine_errors_say_where_in_the_code_as_sent(code: str, message: str) -> None:

@@ -80,9 +80,18 @@ def escaped_failure(text: str, program: Program, *, refused: bool | None) -> tup
     message = first_line.split(": ", 1)[1] if ": " in first_line else first_line
     if message == STACK_OVERFLOW:
         return "runtime_error", message
-    return "runtime_error", message + _where(program, _ANY_FRAME.search(rest))
+    frame = _ANY_FRAME.search(rest)
+    if first_line.startswith("SyntaxError") and frame and program.past_body(int(frame[1])):
+        # Found only in our wrapping: the body's brackets do not pair up, and the token named is ours.
+        unpaired = program.unbalanced()
+        if unpaired is not None:
+            return "runtime_error", unpaired[0] + _at(unpaired[1])
+    return "runtime_error", message + _where(program, frame)
 
 
 def _where(program: Program, frame: re.Match[str] | None) -> str:
-    position = program.locate(int(frame[1]), int(frame[2])) if frame else None
+    return _at(program.locate(int(frame[1]), int(frame[2])) if frame else None)
+
+
+def _at(position: tuple[int, int] | None) -> str:
     return f" (line {position[0]}, column {position[1]})" if position else ""

@@ -41,7 +41,7 @@ body, as QuickJS itself reads it (``tests/test_escape.py``). A body without a
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,6 +54,8 @@ _OPEN = "(async () => {\n"
 _CLOSE = "\n})"
 _STANDALONE_OPEN = "throw 0; (function () { async function main() {\n"
 _STANDALONE_CLOSE = "\n} })"
+_OPENING = frozenset({"{", "(", "[", "${"})
+_CLOSING = frozenset({"}", ")", "]"})
 
 
 @lru_cache(maxsize=1)
@@ -119,7 +121,36 @@ class Program:
         if not 2 <= line <= len(lines) + 1:
             return None
         in_line = lines[line - 2].encode()[: max(column - 1, 0)].decode(errors="ignore")
-        offset = sum(len(text) + 1 for text in lines[: line - 2]) + len(in_line)
+        return self._origin(sum(len(text) + 1 for text in lines[: line - 2]) + len(in_line))
+
+    def past_body(self, line: int) -> bool:
+        """Whether QuickJS's ``line`` in ``source`` or ``standalone`` is in the wrapping after the body."""
+        return line > self.body.count("\n") + 2
+
+    def unbalanced(self) -> tuple[str, tuple[int, int] | None] | None:
+        """The body's first bracket that pairs with none, for a syntax error QuickJS finds only in the
+        wrapping after the body, naming the wrapping's token: a closing bracket with no opening one
+        ("Unexpected token '}'"), else the innermost one never closed. Its message, and its
+        (line, column) in the host's code; None if every bracket pairs."""
+        data = self.body.encode()
+
+        def origin(leaf: tree_sitter.Node) -> tuple[int, int] | None:
+            return self._origin(len(data[: leaf.start_byte].decode()))
+
+        opened: list[tree_sitter.Node] = []
+        for leaf in _leaves(_parser().parse(data)):
+            if leaf.type in _OPENING:
+                opened.append(leaf)
+            elif leaf.type in _CLOSING:
+                if not opened:
+                    return f"Unexpected token '{leaf.type}'", origin(leaf)
+                opened.pop()
+        if not opened:
+            return None
+        return f"unexpected end of input: '{opened[-1].type}' is never closed", origin(opened[-1])
+
+    def _origin(self, offset: int) -> tuple[int, int] | None:
+        """The host's (line, column) of the character at ``offset`` in the body; None if it is ours."""
         index = bisect_right([piece[0] for piece in self.pieces], offset) - 1
         if index < 0:
             return None
@@ -197,6 +228,21 @@ def normalize(code: str, compiles: Callable[[str], bool] | None = None) -> Progr
     if prefix:
         body.add(prefix, start).add("\n")
     return body.add("return (").add(text(expression), at(expression.start_byte)).add(");").program()
+
+
+def _leaves(tree: tree_sitter.Tree) -> Iterator[tree_sitter.Node]:
+    """The tokens of ``tree`` in order, without those tree-sitter supposed missing; brackets in
+    strings, comments and regular expressions are no tokens of their own."""
+    cursor = tree.walk()
+    while True:
+        if cursor.goto_first_child():
+            continue
+        leaf = cursor.node
+        if leaf is not None and not leaf.is_missing:
+            yield leaf
+        while not cursor.goto_next_sibling():
+            if not cursor.goto_parent():
+                return
 
 
 def _expression(statement: tree_sitter.Node) -> tree_sitter.Node | None:
