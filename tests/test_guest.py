@@ -30,9 +30,9 @@ def test_namespaces_are_plain_objects_of_promise_returning_functions() -> None:
     code = """
     const proto = Object.getPrototypeOf(tools) === Object.prototype;
     const p = tools.echo(1);
-    [proto, Object.keys(tools), p instanceof Promise, typeof tools.echo, await p]
+    [proto, Object.keys(tools), p instanceof Promise, typeof tools.echo, tools.fail.name, await p]
     """
-    assert value(run(code)) == [True, ["echo", "fail"], True, "function", 1]
+    assert value(run(code)) == [True, ["echo", "fail"], True, "function", "fail", 1]
 
 
 def test_only_the_first_argument_is_transported_and_omitted_input_is_undefined() -> None:

@@ -362,6 +362,7 @@
             const proxy = function (input) {
               return callTool(name, tool, input);
             };
+            defineProperty(proxy, "name", { value: tool, configurable: true }); // as the guest knows it
             defineProperty(namespace, tool, { value: proxy, writable: true, enumerable: true, configurable: true });
           }
           hidden.value = namespace;
