@@ -388,6 +388,21 @@ def test_an_unknown_keyword_is_a_type_error_before_anything_runs(backend: str) -
             nowhere.execute_sync("1", **{keyword: 300})
 
 
+def test_a_bad_url_or_token_is_refused_by_connect() -> None:
+    for url, reason in [
+        ("http://x", "scheme isn't ws or wss"),
+        ("ws://", "hostname isn't provided"),
+        ("ws://127.0.0.1:99999/", "port out of range 0-65535"),
+        ("ws://127.0.0.1:0/", "port 0 cannot be connected to"),
+        ("ws://127.0.0.1:1/ x", "it holds spaces or control characters"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"not a ws:// or wss:// URL: {url!r} ({reason})")):
+            Runner.connect(url)
+    for token in ["a\nb", "", "two words", "t\u00f6ken"]:
+        with pytest.raises(ValueError, match=r"^the token must be printable ASCII without spaces, and not empty"):
+            Runner.connect("ws://127.0.0.1:1/", token=token)  # the message never shows the token
+
+
 def descendants(pid: int) -> list[int]:
     return [pid for child in children_of(pid) for pid in [child, *descendants(child)]]
 

@@ -31,7 +31,7 @@ from .events import DoneEvent, Event, LogEvent, Observer, ToolCallEvent
 from .execution import ExecuteResult, Execution
 from .local import LocalDaemon
 from .tools import Providers, ProviderTools
-from .transport import WebSocket
+from .transport import WebSocket, check_token, checked_url
 
 
 class Limits(TypedDict, total=False):
@@ -98,12 +98,16 @@ class Runner:
     ) -> Runner:
         """A runner at ``ws://`` or ``wss://`` URL, authenticated with a bearer ``token``.
 
-        Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
+        Raises ``ValueError`` at once, saying why, for a URL that is not ``ws://`` or ``wss://`` with
+        a host (and a port from 1 to 65535, if any), and for a token that is empty or not printable
+        ASCII without spaces. Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
         and unreachable runners surface from ``execute``. With ``retries``, a handshake refused
         as busy (503) or over a quota (429) is tried again up to that many times, after the
         runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff; nothing
         has run when a handshake is refused, so a retry never runs code twice.
         """
+        checked_url(url)
+        check_token(token)
         return cls(url, token=token, ssl_context=ssl_context, connect_timeout=connect_timeout, retries=retries)
 
     @classmethod
