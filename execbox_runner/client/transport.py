@@ -210,7 +210,7 @@ def check_token(token: str | None) -> None:
     """``ValueError`` for a bearer token that cannot be sent as one: empty, or not printable ASCII
     without spaces (a newline, for one, would end the header). The message never shows the token."""
     if token is not None and (not token or not token.isascii() or not token.isprintable() or " " in token):
-        raise ValueError("the token must be printable ASCII without spaces, and not empty (None sends no token)")
+        raise ValueError("the token must be printable ASCII without spaces, and not empty")
 
 
 def _reason(exc: BaseException, uri: WebSocketURI) -> str:
