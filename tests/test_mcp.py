@@ -383,6 +383,20 @@ def test_any_failure_of_execute_code_is_its_result_with_the_reason() -> None:
     }
 
 
+def test_a_wrapped_server_that_does_not_start_says_why_within_the_startup_timeout(tmp_path: Path) -> None:
+    config = tmp_path / "servers.json"
+    argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config), "--url", "ws://127.0.0.1:1/"]
+    for server, reason in [
+        ({"command": "false"}, "'false' exited, or closed its stdout, before the MCP handshake (see its stderr)"),
+        ({"command": "sleep", "args": ["100"]}, "it did not complete the MCP handshake within 2 s (--startup-timeout)"),
+    ]:
+        config.write_text(json.dumps({"mcpServers": {"a": server}}))
+        started = time.monotonic()
+        done = subprocess.run([*argv, "--startup-timeout", "2"], capture_output=True, text=True, timeout=60)
+        assert time.monotonic() - started < 9  # 2 s, the SDK's 2 s for a server to exit, and Python's start
+        assert (done.returncode, done.stderr) == (1, f"execbox-runner mcp: MCP server 'a' did not start: {reason}\n")
+
+
 WATCHED = '''
 import json
 from mcp.server.mcpserver import Context
