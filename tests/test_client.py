@@ -388,6 +388,45 @@ def test_an_unknown_keyword_is_a_type_error_before_anything_runs(backend: str) -
             nowhere.execute_sync("1", **{keyword: 300})
 
 
+@backends
+def test_a_bad_limit_or_tool_is_a_value_error_before_anything_runs(backend: str) -> None:
+    nowhere = Runner.connect("ws://127.0.0.1:1/")  # a connection would fail: the value is refused first
+
+    async def events(limits: dict[str, Any], providers: Any = None) -> None:
+        async with nowhere.events("1", providers, **limits):
+            pytest.fail("entered the block")
+
+    for limits, message in [
+        ({"timeout_ms": "x"}, "invalid timeout_ms: Expected `float`, got `str`"),
+        ({"timeout_ms": 0}, "invalid timeout_ms: Expected `float` > 0.0"),
+        ({"memory_limit_bytes": 1.5}, "invalid memory_limit_bytes: Expected `int`, got `float`"),
+    ]:
+        exactly = f"^{re.escape(message)}$"
+        with pytest.raises(ValueError, match=exactly):
+            run(backend, nowhere, "1", **limits)
+        with pytest.raises(ValueError, match=exactly):
+            nowhere.execute_sync("1", **limits)
+        with pytest.raises(ValueError, match=exactly):  # raised on entering, not in an exception group
+            anyio.run(events, limits, backend=backend)
+    with pytest.raises(TypeError, match="is variadic positional"):
+        anyio.run(events, {}, {"t": {"f": lambda *args: None}}, backend=backend)
+
+
+def test_a_bad_url_or_token_is_refused_by_connect() -> None:
+    for url, reason in [
+        ("http://x", "scheme isn't ws or wss"),
+        ("ws://", "hostname isn't provided"),
+        ("ws://127.0.0.1:99999/", "port out of range 0-65535"),
+        ("ws://127.0.0.1:0/", "port 0 cannot be connected to"),
+        ("ws://127.0.0.1:1/ x", "it holds spaces or control characters"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"not a ws:// or wss:// URL: {url!r} ({reason})")):
+            Runner.connect(url)
+    for token in ["a\nb", "", "two words", "t\u00f6ken"]:
+        with pytest.raises(ValueError, match=r"^the token must be printable ASCII without spaces, and not empty"):
+            Runner.connect("ws://127.0.0.1:1/", token=token)  # the message never shows the token
+
+
 def descendants(pid: int) -> list[int]:
     return [pid for child in children_of(pid) for pid in [child, *descendants(child)]]
 

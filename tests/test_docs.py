@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from execbox_runner import client
+
 from .daemonkit import running_daemon
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,6 +116,12 @@ def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "WARNING" not in done.stderr, done.stderr
     assert (tmp_path / "site" / "reference" / "configuration.html").is_file()
+
+
+def test_the_python_api_reference_has_every_public_name_of_the_client() -> None:
+    reference = (REPO / "docs" / "reference" / "python-api.md").read_text()
+    documented = set(re.findall(r"^::: execbox_runner\.client\.(\w+)$", reference, re.MULTILINE))
+    assert sorted(set(client.__all__) - documented) == []
 
 
 @pytest.mark.parametrize("page", ROOT_PAGES, ids=lambda page: page.name)

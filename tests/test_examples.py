@@ -8,9 +8,11 @@ import os
 import queue
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,64 @@ def test_remote_service_reads_the_old_variable_names_with_a_warning() -> None:
         warning = service.stderr.read()
         service.stderr.close()
     assert warning == "remote_service.py: warning: EXECBOX_URL is deprecated; set EXECBOX_RUNNER_URL instead\n"
+
+
+def test_remote_service_refuses_a_bad_url_or_a_taken_port_at_start() -> None:
+    example = [sys.executable, str(EXAMPLES / "remote_service.py")]
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("EXECBOX_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for extra, message in [
+            (["--url", "http://x"], "not a ws:// or wss:// URL: 'http://x' (scheme isn't ws or wss)"),
+            (["--url", "ws://127.0.0.1:1/", "--port", str(port)], f"cannot listen on 127.0.0.1:{port}: "),
+        ]:
+            done = subprocess.run([*example, *extra], capture_output=True, text=True, timeout=60, env=environment)
+            assert done.returncode == 2 and done.stdout == ""
+            assert done.stderr.startswith(f"remote_service.py: error: {message}") and done.stderr.count("\n") == 1
+
+
+def test_remote_service_answers_every_bad_request_with_an_http_error() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"ws://127.0.0.1:{unused.getsockname()[1]}/"  # nothing listens there
+    service = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "remote_service.py"), "--port", "0", "--url", nowhere],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        base = first_line(service).removeprefix("remote_service listening on ").strip()
+        shape = 'send {"code": "...", "timeoutMs": 5000} (timeoutMs optional)'
+        for body, status, error in [
+            (b'{"code": "1", "timeoutMs": "x"}', 400, "timeoutMs must be a number of milliseconds above 0 ("),
+            (b'{"code": "1", "timeoutMs": 0}', 400, "timeoutMs must be a number of milliseconds above 0 ("),
+            (b'{"code": 1}', 400, shape),
+            (b"[1]", 400, shape),
+            (b"not json", 400, shape),
+            (b'{"code": "1"}', 502, f"cannot connect to {nowhere}: connection refused"),
+        ]:
+            answer = http_error(base + "run", body)
+            assert answer[0] == status and answer[1].startswith(error), (body, answer)
+        assert http_error(base + "elsewhere", b'{"code": "1"}') == (404, "GET /types or POST /run")
+        assert service.poll() is None
+    finally:
+        stop(service)
+        assert service.stdout is not None
+        service.stdout.close()
+
+
+def http_error(url: str, body: bytes) -> tuple[int, str]:
+    """The status and JSON error of a request that must fail."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=30).close()
+    except urllib.error.HTTPError as failed:
+        with failed:
+            return failed.code, str(json.loads(failed.read())["error"])
+    raise AssertionError(f"{url} accepted {body!r}")
 
 
 def first_line(process: subprocess.Popen[str]) -> str:

@@ -345,6 +345,58 @@ def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
     assert done.returncode == 2 and "argument --max-tool-calls: must be an integer > 0" in done.stderr
 
 
+def test_a_bad_url_is_a_usage_error_and_a_failed_execution_names_its_reason(tmp_path: Path) -> None:
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {}}))
+    argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config)]
+    for extra, message in [
+        (["--url", "http://x"], "not a ws:// or wss:// URL: 'http://x' (scheme isn't ws or wss)"),
+        (
+            ["--url", "ws://127.0.0.1:1/", "--token", "a b"],
+            "the token must be printable ASCII without spaces, and not empty",
+        ),
+    ]:
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stderr) == (2, f"execbox-runner mcp: {message}\n")
+    port = free_port()  # nothing listens there
+    server = StdioServerParameters(command=argv[0], args=[*argv[1:], "--url", f"ws://127.0.0.1:{port}/"])
+
+    async def main() -> mcp_types.CallToolResult:
+        async with Client(server) as client:
+            return await client.call_tool("execute_code", {"code": "1"})
+
+    failed = run(main)
+    assert failed.is_error
+    assert json.loads(failed.content[0].text)["error"] == {
+        "code": "runner_unavailable",
+        "message": f"cannot connect to ws://127.0.0.1:{port}/: connection refused (nothing listens on 127.0.0.1:{port})",
+    }
+
+
+def test_any_failure_of_execute_code_is_its_result_with_the_reason() -> None:
+    code_mode = CodeMode(Runner.local(), {})  # never started: every execution fails, though not as a RunnerError
+    failed = run(lambda: code_mode.execute_code("1"))
+    assert failed.is_error
+    assert json.loads(failed.content[0].text)["error"] == {
+        "code": "internal_error",
+        "message": "start the local runner first: `with Runner.local() as runner:` (or `async with`)",
+    }
+
+
+def test_a_wrapped_server_that_does_not_start_says_why_within_the_startup_timeout(tmp_path: Path) -> None:
+    config = tmp_path / "servers.json"
+    argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config), "--url", "ws://127.0.0.1:1/"]
+    for server, reason in [
+        ({"command": "false"}, "'false' exited, or closed its stdout, before the MCP handshake (see its stderr)"),
+        ({"command": "sleep", "args": ["100"]}, "it did not complete the MCP handshake within 2 s (--startup-timeout)"),
+    ]:
+        config.write_text(json.dumps({"mcpServers": {"a": server}}))
+        started = time.monotonic()
+        done = subprocess.run([*argv, "--startup-timeout", "2"], capture_output=True, text=True, timeout=60)
+        assert time.monotonic() - started < 9  # 2 s, the SDK's 2 s for a server to exit, and Python's start
+        assert (done.returncode, done.stderr) == (1, f"execbox-runner mcp: MCP server 'a' did not start: {reason}\n")
+
+
 WATCHED = '''
 import json
 from mcp.server.mcpserver import Context

@@ -99,7 +99,7 @@ def run_exec(args: argparse.Namespace) -> int:
     try:
         with Runner.connect(url, token=token) if url else Runner.local() as runner:
             result = runner.execute_sync(code, timeout_ms=args.timeout_ms, on_log=_log_line)
-    except ValueError as exc:  # a URL that is not ws:// or wss://
+    except ValueError as exc:  # a URL that is not ws:// or wss://, a token that cannot be sent
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except RunnerError as exc:

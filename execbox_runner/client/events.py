@@ -39,4 +39,5 @@ class DoneEvent:
 
 
 Event: TypeAlias = LogEvent | ToolCallEvent | DoneEvent
+"""What iterating ``Runner.events`` gives: each ``LogEvent`` and ``ToolCallEvent``, then one ``DoneEvent``."""
 Observer: TypeAlias = Callable[[LogEvent | ToolCallEvent], None]

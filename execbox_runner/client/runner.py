@@ -31,7 +31,7 @@ from .events import DoneEvent, Event, LogEvent, Observer, ToolCallEvent
 from .execution import ExecuteResult, Execution
 from .local import LocalDaemon
 from .tools import Providers, ProviderTools
-from .transport import WebSocket
+from .transport import WebSocket, check_token, checked_url
 
 
 class Limits(TypedDict, total=False):
@@ -98,12 +98,16 @@ class Runner:
     ) -> Runner:
         """A runner at ``ws://`` or ``wss://`` URL, authenticated with a bearer ``token``.
 
-        Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
+        Raises ``ValueError`` at once, saying why, for a URL that is not ``ws://`` or ``wss://`` with
+        a host (and a port from 1 to 65535, if any), and for a token that is empty or not printable
+        ASCII without spaces. Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
         and unreachable runners surface from ``execute``. With ``retries``, a handshake refused
         as busy (503) or over a quota (429) is tried again up to that many times, after the
         runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff; nothing
         has run when a handshake is refused, so a retry never runs code twice.
         """
+        checked_url(url)
+        check_token(token)
         return cls(url, token=token, ssl_context=ssl_context, connect_timeout=connect_timeout, retries=retries)
 
     @classmethod
@@ -131,12 +135,13 @@ class Runner:
         it on a runner offering live logs, else all at the end (the result's ``logs`` has them too).
 
         Returns the result for anything the guest did (including ``timeout``);
-        raises a ``RunnerError`` when the runner could not run it, and
-        ``TypeError`` for a keyword that is not one of ``Limits``, before anything runs.
+        raises a ``RunnerError`` when the runner could not run it. Before anything runs, it raises
+        ``TypeError`` for a keyword that is not one of ``Limits``, ``ValueError`` for a limit that
+        is not a number in its range, and ``TypeError`` or ``ValueError`` for tools that cannot be described.
         """
-        _check_limits("execute", limits)
+        options = _checked_limits("execute", limits)
         observe = None if on_log is None else partial(_log_lines_to, on_log)
-        return await self._run(code, providers, limits, observe)
+        return await self._run(code, Providers.of(providers), options, observe)
 
     def execute_sync(
         self,
@@ -147,7 +152,7 @@ class Runner:
         **limits: Unpack[Limits],
     ) -> ExecuteResult:
         """``execute`` for synchronous code (its own event loop; call it from any thread without one)."""
-        _check_limits("execute_sync", limits)
+        _checked_limits("execute_sync", limits)
         return anyio.run(partial(self.execute, code, providers, on_log=on_log, **limits))
 
     @contextlib.asynccontextmanager
@@ -161,15 +166,17 @@ class Runner:
                 async for event in events: ...
 
         Leaving the block before the ``DoneEvent`` cancels the execution. A ``RunnerError`` is
-        raised by the iteration, where the ``DoneEvent`` would have come."""
-        _check_limits("events", limits)
+        raised by the iteration, where the ``DoneEvent`` would have come; bad limits or tools raise
+        on entering the block, as ``execute`` says."""
+        options = _checked_limits("events", limits)
+        resolved = Providers.of(providers)
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
         stream = EventStream(receive)
 
         async def run() -> None:
             with send:
                 try:
-                    send.send_nowait(DoneEvent(await self._run(code, providers, limits, send.send_nowait)))
+                    send.send_nowait(DoneEvent(await self._run(code, resolved, options, send.send_nowait)))
                 except RunnerError as exc:
                     stream.failure = exc
 
@@ -186,12 +193,9 @@ class Runner:
             raise failure
 
     async def _run(
-        self, code: str, providers: Providers | ProviderTools | None, limits: Limits, observe: Observer | None
+        self, code: str, resolved: Providers, options: RuntimeOptions, observe: Observer | None
     ) -> ExecuteResult:
-        resolved = Providers.of(providers)
-        execute = Execute(
-            id=f"exec-{uuid.uuid4().hex}", code=code, options=_options(limits), providers=resolved.manifests
-        )
+        execute = Execute(id=f"exec-{uuid.uuid4().hex}", code=code, options=options, providers=resolved.manifests)
         with tracing.execution_span(execute.id) as trace_headers:
             headers = (*trace_headers, *(LIVE_LOGS if observe is not None else ()))
             websocket = await self._open(headers)
@@ -278,17 +282,15 @@ def _log_lines_to(on_log: Callable[[str], object], event: LogEvent | ToolCallEve
         on_log(event.line)
 
 
-def _check_limits(method: str, limits: Limits) -> None:
-    """Refuse a keyword that is not a limit, as Python does for any other function, so that a
-    misspelt limit (or the wire's ``timeoutMs``) is an error rather than a default silently kept."""
+def _checked_limits(method: str, limits: Limits) -> RuntimeOptions:
+    """The wire's options for ``limits``. Refuse a keyword that is not a limit, as Python does for any
+    other function, so that a misspelt limit (or the wire's ``timeoutMs``) is an error rather than a
+    default silently kept; and a value that is not one (``ValueError``)."""
     for name in limits:
         if name not in DEFAULT_LIMITS:
             close = _WIRE_NAMES.get(name) or next(iter(difflib.get_close_matches(name, DEFAULT_LIMITS, n=1)), None)
             hint = f"; did you mean {close!r}?" if close else f"; the limits are {', '.join(DEFAULT_LIMITS)}"
             raise TypeError(f"Runner.{method}() got an unexpected keyword argument {name!r}{hint}")
-
-
-def _options(limits: Limits) -> RuntimeOptions:
     merged = {**DEFAULT_LIMITS, **limits}
     try:
         return msgspec.convert(
@@ -300,5 +302,7 @@ def _options(limits: Limits) -> RuntimeOptions:
             },
             RuntimeOptions,
         )
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"invalid execution limits: {exc}") from None
+    except msgspec.ValidationError as exc:  # "Expected `float` > 0.0 - at `$.timeoutMs`", named as the caller names it
+        expected, _, path = str(exc).partition(" - at ")
+        name = _WIRE_NAMES.get(path.strip("`").removeprefix("$."), "execution limits")
+        raise ValueError(f"invalid {name}: {expected}") from None

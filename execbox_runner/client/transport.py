@@ -12,6 +12,7 @@ import socket
 import ssl
 from collections import deque
 from typing import Final
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -72,10 +73,8 @@ class WebSocket:
     ) -> WebSocket:
         """Connect and complete the handshake (with ``headers`` added to the request), or raise why
         not (refusals carry the HTTP status)."""
-        try:
-            uri = parse_uri(url)
-        except InvalidURI as exc:
-            raise ValueError(f"not a ws:// or wss:// URL: {url!r}") from exc
+        uri = checked_url(url)
+        check_token(token)
         protocol = ClientProtocol(uri, max_size=max_size)
         request = protocol.connect()
         if token is not None:
@@ -191,6 +190,27 @@ class WebSocket:
         if scope.cancelled_caught:
             await self.abort()
             raise RunnerDisconnected(f"the runner read nothing for {SEND_TIMEOUT_S:g} s")
+
+
+def checked_url(url: str) -> WebSocketURI:
+    """``url`` parsed; ``ValueError`` saying why when it is not a ``ws://`` or ``wss://`` URL of a runner."""
+    try:
+        if any(char.isspace() or not char.isprintable() for char in url):
+            raise ValueError("it holds spaces or control characters")
+        if urlsplit(url).port == 0:
+            raise ValueError("port 0 cannot be connected to")
+        return parse_uri(url)
+    except InvalidURI as exc:
+        raise ValueError(f"not a ws:// or wss:// URL: {url!r} ({str(exc).rpartition(': ')[2]})") from None
+    except ValueError as exc:  # urllib's too: a port out of range or not a number, an unclosed IPv6 bracket
+        raise ValueError(f"not a ws:// or wss:// URL: {url!r} ({str(exc).lower()})") from None
+
+
+def check_token(token: str | None) -> None:
+    """``ValueError`` for a bearer token that cannot be sent as one: empty, or not printable ASCII
+    without spaces (a newline, for one, would end the header). The message never shows the token."""
+    if token is not None and (not token or not token.isascii() or not token.isprintable() or " " in token):
+        raise ValueError("the token must be printable ASCII without spaces, and not empty")
 
 
 def _reason(exc: BaseException, uri: WebSocketURI) -> str:

@@ -6,10 +6,11 @@ prints) without the ``mcp`` extra; the SDK is imported when the command runs.
 Exit status, as every command's: 0 stopped (the MCP client closed stdio, or
 SIGINT/SIGTERM); 1 it failed: a wrapped server or the runner could not be
 started or reached, or the HTTP port cannot be bound; 2 a usage or
-configuration error: a bad flag or value, a config file that is missing or
-invalid, the ``mcp`` extra not installed, HTTP on a non-loopback address
-without tokens (see ``access``). A runner that fails one execution
-(unreachable, refusing it) is that ``execute_code`` call's error, not an exit.
+configuration error: a bad flag or value (a ``--url`` that is not ``ws://`` or
+``wss://``, a token that cannot be sent), a config file that is missing or
+invalid, the ``mcp`` extra not installed, HTTP on a non-loopback address without
+tokens (see ``access``). A runner that fails one execution (unreachable,
+refusing it) is that ``execute_code`` call's error, not an exit, with its reason.
 """
 
 from __future__ import annotations
@@ -180,7 +181,11 @@ def run_mcp(args: argparse.Namespace) -> int:
     bounds = Bounds(args.timeout_ms, args.memory_limit_bytes, args.max_tool_calls, args.max_result_chars)
     url = args.url or from_environment(URL_ENV, PROG)
     token = args.token or from_environment(TOKEN_ENV, PROG)
-    runner = Runner.connect(url, token=token) if url else Runner.local()
+    try:
+        runner = Runner.connect(url, token=token) if url else Runner.local()
+    except ValueError as exc:  # a URL that is not ws:// or wss://, a token that cannot be sent
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     main = partial(
         serve,
         servers,

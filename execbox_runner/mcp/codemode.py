@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -36,6 +37,8 @@ from ..client import (
 )
 from ..client.typescript import declare_function, declare_namespace
 from .provider import upstream_progress, user_approval
+
+log = logging.getLogger(__name__)
 
 #: An MCP request's progress: (how far, of how much, message), as ``Context.report_progress`` takes it.
 Report: TypeAlias = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -130,6 +133,9 @@ class CodeMode:
             result = await self._run(code, say)
         except RunnerError as exc:
             body: dict[str, Any] = {"ok": False, "error": {"code": "runner_unavailable", "message": str(exc)}}
+        except Exception as exc:  # anything else too reaches the MCP client with its reason
+            log.debug("execute_code failed", exc_info=True)
+            body = {"ok": False, "error": {"code": "internal_error", "message": _reason(exc)}}
         else:
             error = None if result.error is None else {"code": result.error.code, "message": result.error.message}
             body = {"ok": result.ok, "result": result.result, "error": error, "logs": result.logs}
@@ -180,6 +186,13 @@ def _counted(namespaces: Mapping[str, Mapping[str, Tool]], limit: int) -> dict[s
         return dataclasses.replace(tool, func=call)
 
     return {name: {tool_name: counted(tool) for tool_name, tool in tools.items()} for name, tools in namespaces.items()}
+
+
+def _reason(exc: Exception) -> str:
+    """What went wrong, in words: the first error of an exception group, and the type of one without a message."""
+    while isinstance(exc, ExceptionGroup):
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
 
 
 def _truncate(text: str, limit: int) -> str:

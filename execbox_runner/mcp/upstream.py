@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import anyio
 import httpx2
+from anyio.abc import TaskStatus
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client import Transport
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 from .config import UpstreamServer
 
@@ -19,19 +23,43 @@ async def connect_upstreams(
 ) -> AsyncIterator[dict[str, ClientSession]]:
     """A connected session per server, closed (stdio servers stopped) on leaving.
 
-    ``startup_timeout`` bounds each handshake and tool listing, so a server
-    that never answers fails the start instead of hanging it.
+    ``startup_timeout`` bounds each server's start and handshake as a whole, and each request of
+    its tool listing, so a server that never answers fails the start instead of hanging it. A
+    server that does not start raises ``ConnectionError`` saying why (it exited, it timed out).
     """
-    async with AsyncExitStack() as stack:
+    async with AsyncExitStack() as stack, anyio.create_task_group() as holders:
         sessions: dict[str, ClientSession] = {}
         for name, server in servers.items():
             client = Client(await _transport(server, stack), read_timeout_seconds=startup_timeout)
             try:
-                await stack.enter_async_context(client)
+                with anyio.fail_after(startup_timeout):
+                    sessions[name] = await holders.start(_hold, client)
+            except TimeoutError:
+                raise ConnectionError(
+                    f"MCP server {name!r} did not start: it did not complete the MCP handshake within"
+                    f" {startup_timeout:g} s (--startup-timeout)"
+                ) from None
             except Exception as exc:
-                raise ConnectionError(f"MCP server {name!r} did not start: {exc}") from exc
-            sessions[name] = client.session
+                raise ConnectionError(f"MCP server {name!r} did not start: {_why(server, exc)}") from exc
         yield sessions
+        holders.cancel_scope.cancel()
+
+
+async def _hold(client: Client, *, task_status: TaskStatus[ClientSession]) -> None:
+    """Connect ``client`` and keep it open until cancelled: its task, not the caller's, holds the SDK's
+    task groups, so the caller can give up on a handshake that takes too long."""
+    async with client:
+        task_status.started(client.session)
+        await anyio.sleep_forever()
+
+
+def _why(server: UpstreamServer, exc: BaseException) -> str:
+    """Why a server did not start, in words: the first error inside the SDK's exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and server.command is not None:
+        return f"{server.command!r} exited, or closed its stdout, before the MCP handshake (see its stderr)"
+    return str(exc) or type(exc).__name__
 
 
 async def _transport(server: UpstreamServer, stack: AsyncExitStack) -> StdioServerParameters | str | Transport:
