@@ -58,6 +58,7 @@ MISCONFIGURATIONS = [
     (["--max-workers", "0"], "invalid --max-workers '0': must be an integer > 0"),
     (["--worker-capacity", "0"], "must be an integer > 0"),
     (["--worker-threads", "0"], "must be an integer > 0"),
+    (["--worker-threads", "16384"], "invalid --worker-threads '16384': must be an integer > 0 and <= 1024"),
     (["--max-message-bytes", "0"], "must be an integer > 0"),
     (["--max-output-bytes", "1.5"], "must be an integer > 0"),
     (["--max-timeout-ms", "0"], "must be an integer > 0"),
@@ -256,3 +257,4 @@ def test_a_second_sigterm_during_a_drain_stops_at_once(processes: str) -> None:
         d.process.send_signal(signal.SIGTERM)
         assert d.process.wait(timeout=COMMAND_TIMEOUT_S) == 1
         wait_for_log(d, "again while draining: stopping at once", 1)
+

@@ -37,6 +37,12 @@ TRUE_WORDS: Final = ("true", "1", "yes")
 FALSE_WORDS: Final = ("false", "0", "no")
 MAX_PORT: Final = 65535
 PORTS: Final = frozenset({"port", "metrics_port"})
+# Runner threads a worker may start: 64 times the default, well past the cores any machine runs
+# guests on at once. Far more cannot start (16,384 each with its 32 MiB stack fail with "can't
+# start new thread"), which left the daemon replacing workers forever, never ready.
+MAX_WORKER_THREADS: Final = 1024
+# Numbers with an upper bound besides the ports'.
+MAXIMA: Final = {"worker_threads": MAX_WORKER_THREADS}
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,8 @@ def rule(name: str, kind: type) -> str:
         return f"a port number 0-{MAX_PORT}"
     if kind in (int, float):
         number = "an integer" if kind is int else "a number of seconds"
-        return f"{number} {'>= 0' if name in ZERO_ALLOWED else '> 0'}"
+        maximum = f" and <= {MAXIMA[name]}" if name in MAXIMA else ""
+        return f"{number} {'>= 0' if name in ZERO_ALLOWED else '> 0'}{maximum}"
     return ""
 
 
@@ -181,7 +188,8 @@ def convert(name: str, kind: type, value: object) -> object:
     if kind in (int, float):
         number = _number(kind, value, wanted)
         too_small = number < 0 or (number == 0 and name not in ZERO_ALLOWED)
-        if too_small or (name in PORTS and number > MAX_PORT):
+        maximum = MAX_PORT if name in PORTS else MAXIMA.get(name, math.inf)
+        if too_small or number > maximum:
             raise ValueError(f"must be {wanted}")
         return number
     if not isinstance(value, str):
