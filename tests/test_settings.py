@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -258,3 +259,37 @@ def test_a_second_sigterm_during_a_drain_stops_at_once(processes: str) -> None:
         assert d.process.wait(timeout=COMMAND_TIMEOUT_S) == 1
         wait_for_log(d, "again while draining: stopping at once", 1)
 
+
+def test_a_signal_while_workers_keep_failing_to_start_stops_the_daemon(tmp_path: Path) -> None:
+    # Workers cannot lower an address-space limit below their own backstop: each fails to start,
+    # and the daemon, never ready, replaces them until a signal stops it.
+    limit = 4 << 30
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(config.ENV_PREFIX)}
+    argv = ["serve", "--port", "0", "--log-format", "text", "--memory-budget-bytes", str(4 * limit)]
+    log = tmp_path / "stderr"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "execbox_runner", *argv],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=environment,
+            preexec_fn=limited,  # noqa: PLW1509 -- only setrlimit, before exec
+        )
+    try:
+        deadline = time.monotonic() + LOG_WAIT_S
+        while "failed to start" not in log.read_text():
+            assert time.monotonic() < deadline and process.poll() is None, log.read_text()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, log.read_text()
+    assert out == "" and "received SIGTERM before the daemon was ready: stopping" in log.read_text()
