@@ -139,6 +139,24 @@ def test_toml_keys_are_checked_like_flags(tmp_path: Path, content: str, expected
     refused_with_one_line(run("serve", "--config", str(file)), expected)
 
 
+@pytest.mark.parametrize("command", ["serve", "info"])
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("--config", "cannot read config file {file}: not UTF-8 text"),
+        ("EXECBOX_RUNNER_CONFIG", "cannot read config file {file}: not UTF-8 text"),
+        ("--tokens-file", "invalid --tokens-file '{file}': not UTF-8 text"),
+        ("--metrics-token-file", "invalid --metrics-token-file '{file}': not UTF-8 text"),
+    ],
+)
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path, command: str, how: str, expected: str) -> None:
+    file = tmp_path / "latin1"
+    file.write_bytes(b"port = 1\n# caf\xe9\n")
+    given = (["--metrics-port", "9999"] if how == "--metrics-token-file" else []) + [how, str(file)]
+    result = run(command, env={how: str(file)}) if how.startswith(config.ENV_PREFIX) else run(command, *given)
+    refused_with_one_line(result, expected.format(file=file))
+
+
 @pytest.mark.parametrize(
     ("word", "value"),
     [("true", True), ("TRUE", True), ("1", True), ("Yes", True), ("false", False), ("0", False), ("NO", False)],

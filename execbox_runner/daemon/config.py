@@ -36,6 +36,7 @@ ENV_PREFIX: Final = "EXECBOX_RUNNER_"
 TRUE_WORDS: Final = ("true", "1", "yes")
 FALSE_WORDS: Final = ("false", "0", "no")
 MAX_PORT: Final = 65535
+NOT_TEXT: Final = "not UTF-8 text"  # a file of settings or tokens that does not decode
 PORTS: Final = frozenset({"port", "metrics_port"})
 # Runner threads a worker may start: 64 times the default, well past the cores any machine runs
 # guests on at once. Far more cannot start (16,384 each with its 32 MiB stack fail with "can't
@@ -212,6 +213,8 @@ def _path_problem(name: str, value: str) -> str | None:
     if name == "tokens_file" and value:
         try:
             read_tenants("", value)
+        except UnicodeDecodeError:
+            return NOT_TEXT
         except ValueError as exc:
             return str(exc)
         except OSError as exc:
@@ -220,6 +223,8 @@ def _path_problem(name: str, value: str) -> str | None:
         try:
             if not read_tokens("", value):
                 return "holds no token (it would leave /metrics open)"
+        except UnicodeDecodeError:
+            return NOT_TEXT
         except OSError as exc:
             return exc.strerror or str(exc)
     if name == "record_dir" and value and path.exists() and not path.is_dir():
@@ -364,9 +369,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _from_file(path: str, origins: dict[str, str]) -> dict[str, Any]:
     """The settings of a TOML file, converted; unknown keys are refused. Records where each came from in ``origins``."""
     try:
-        table = tomllib.loads(Path(path).read_text())
+        table = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise InvalidSetting(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InvalidSetting(f"cannot read config file {path}: {NOT_TEXT}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidSetting(f"cannot read config file {path}: {exc}") from None
     known = {field.name: type(field.default) for field in fields(Settings)}
