@@ -131,6 +131,21 @@ def test_a_file_and_stdin(daemon: Daemon, tmp_path: Path) -> None:
     assert (piped.returncode, piped.stdout) == (0, "2\n")
 
 
+def test_code_that_is_not_utf8_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "bin.js").write_bytes(b"\xff\xfe1")
+    one_line(run("exec", "bin.js", cwd=tmp_path), 2, "execbox-runner exec: cannot read bin.js: not UTF-8 text")
+    piped = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "exec", "-"], input=b"\xff\xfe1", capture_output=True, timeout=120
+    )
+    one_line(
+        subprocess.CompletedProcess(piped.args, piped.returncode, piped.stdout.decode(), piped.stderr.decode()),
+        2,
+        "execbox-runner exec: cannot read stdin: not UTF-8 text",
+    )
+    # An argument's bytes that do not decode reach Python as surrogates (os.fsencode gives them back).
+    one_line(run("exec", '"\udcff"'), 2, "execbox-runner exec: the code is not UTF-8 text")
+
+
 # ---------------------------------------------------------------- exec: values and exit statuses
 
 

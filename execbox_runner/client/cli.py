@@ -133,11 +133,19 @@ def exit_status(error: RunnerError) -> int:
 
 def read_code(argument: str) -> str:
     """The guest code ``argument`` stands for (see ``CODE_OR_FILE_HELP``); ``UsageError`` for a file
-    that cannot be read."""
+    that cannot be read, and for code (from stdin, a file or the argument) that is not UTF-8 text."""
     if argument == "-":
-        return sys.stdin.read()
-    if not _is_file(argument) and not looks_like_a_path(argument):
-        return argument
+        try:
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError("cannot read stdin: not UTF-8 text") from None
+    if not _is_file(argument):
+        try:
+            argument.encode("utf-8")  # the bytes of an argument that does not decode are surrogates
+        except UnicodeEncodeError:
+            raise UsageError("the code is not UTF-8 text") from None
+        if not looks_like_a_path(argument):
+            return argument
     path = Path(argument).expanduser()
     try:
         return path.read_text(encoding="utf-8")
