@@ -26,6 +26,7 @@ from ..commandline import (
     EXIT_USAGE,
     HelpFormatter,
     UsageError,
+    check_token,
     exit_statuses,
     milliseconds,
 )
@@ -91,11 +92,13 @@ examples:
 def run_exec(args: argparse.Namespace) -> int:
     try:
         code = read_code(args.code)
+        url = args.url or from_environment(URL_ENV, PROG)
+        token = args.token or from_environment(TOKEN_ENV, PROG)
+        if url:  # a private local runner takes no token
+            check_token(token)
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    url = args.url or from_environment(URL_ENV, PROG)
-    token = args.token or from_environment(TOKEN_ENV, PROG)
     try:
         with Runner.connect(url, token=token) if url else Runner.local() as runner:
             result = runner.execute_sync(code, timeout_ms=args.timeout_ms, on_log=_log_line)

@@ -29,6 +29,8 @@ from ..commandline import (
     EXIT_OK,
     EXIT_USAGE,
     HelpFormatter,
+    UsageError,
+    check_token,
     count,
     exit_statuses,
     milliseconds,
@@ -180,6 +182,12 @@ def run_mcp(args: argparse.Namespace) -> int:
     bounds = Bounds(args.timeout_ms, args.memory_limit_bytes, args.max_tool_calls, args.max_result_chars)
     url = args.url or from_environment(URL_ENV, PROG)
     token = args.token or from_environment(TOKEN_ENV, PROG)
+    try:
+        if url:  # a private local runner takes no token
+            check_token(token)
+    except UsageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     runner = Runner.connect(url, token=token) if url else Runner.local()
     main = partial(
         serve,
