@@ -170,7 +170,7 @@ def test_limits_the_runner_refuses_are_a_usage_error_with_its_message(daemon: Da
         run("exec", "1", "--timeout-ms", "999999999", "--url", daemon.url, "--token", TOKEN),
         2,
         "execbox-runner exec: the runner refused the execution (validation_error): "
-        "timeoutMs 1e+09 exceeds this runner's maximum of 60000",
+        "timeoutMs 999999999 exceeds this runner's maximum of 60000",
     )
 
 
