@@ -157,6 +157,24 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path, command: str, how: 
     refused_with_one_line(result, expected.format(file=file))
 
 
+@pytest.mark.parametrize("command", ["serve", "info"])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", "holds no token (it would leave sessions open to anyone who reaches the port)"),
+        ("# tokens to come\n\n", "holds no token"),
+        ("a tenant=x\nb\na tenant=y\n", "line 3: the token of line 1 again (a token is one tenant's)"),
+    ],
+    ids=["empty", "comments only", "a token twice"],
+)
+def test_a_tokens_file_without_tokens_or_with_one_twice_is_refused(
+    tmp_path: Path, command: str, content: str, expected: str
+) -> None:
+    file = tmp_path / "tokens.txt"
+    file.write_text(content)
+    refused_with_one_line(run(command, "--host", "0.0.0.0", "--tokens-file", str(file)), expected)
+
+
 @pytest.mark.parametrize(
     ("word", "value"),
     [("true", True), ("TRUE", True), ("1", True), ("Yes", True), ("false", False), ("0", False), ("NO", False)],

@@ -212,7 +212,8 @@ def _path_problem(name: str, value: str) -> str | None:
         return os.strerror(errno.ENOENT) if not path.exists() else "not a regular file"
     if name == "tokens_file" and value:
         try:
-            read_tenants("", value)
+            if not read_tenants("", value):
+                return "holds no token (it would leave sessions open to anyone who reaches the port)"
         except UnicodeDecodeError:
             return NOT_TEXT
         except ValueError as exc:
