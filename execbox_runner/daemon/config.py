@@ -183,8 +183,10 @@ def convert(name: str, kind: type, value: object) -> object:
     if kind is bool:
         if isinstance(value, str) and value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
             return value.strip().lower() in TRUE_WORDS
-        if not isinstance(value, bool):
+        if isinstance(value, str):
             raise ValueError(f"must be {wanted}")
+        if not isinstance(value, bool):  # a TOML value: its words above are strings, 1 a number
+            raise ValueError("must be a TOML boolean: true or false")
         return value
     if kind in (int, float):
         number = _number(kind, value, wanted)
