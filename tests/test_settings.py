@@ -22,7 +22,7 @@ import pytest
 from execbox_runner.daemon import config, report, supervisor
 from execbox_runner.daemon.report import UNSAFE_SETTINGS
 
-from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
+from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon
 from .test_config import settings
 from .test_operations import metric
 
@@ -30,7 +30,7 @@ COMMAND_TIMEOUT_S = 60
 LOG_WAIT_S = 30.0
 
 
-def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(config.ENV_PREFIX)}
     return subprocess.run(
         [sys.executable, "-m", "execbox_runner", *argv],
@@ -38,6 +38,7 @@ def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         text=True,
         timeout=COMMAND_TIMEOUT_S,
         env={**environment, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -174,6 +175,30 @@ def test_a_tokens_file_without_tokens_or_with_one_twice_is_refused(
     file = tmp_path / "tokens.txt"
     file.write_text(content)
     refused_with_one_line(run(command, "--host", "0.0.0.0", "--tokens-file", str(file)), expected)
+
+
+@pytest.mark.parametrize("command", ["serve", "info"])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (["--certfile", "junk.pem"], "--certfile junk.pem holds no PEM certificate"),
+        (["--certfile", "tls.crt"], "--certfile tls.crt (no --keyfile) holds no PEM private key"),
+        (["--certfile", "tls.crt", "--keyfile", "junk.pem"], "--keyfile junk.pem holds no PEM private key"),
+        (
+            ["--certfile", "tls.crt", "--keyfile", "other/tls.key"],
+            "the private key of --keyfile other/tls.key does not match the certificate of --certfile tls.crt",
+        ),
+    ],
+    ids=["not a certificate", "no key", "a keyfile without a key", "another certificate's key"],
+)
+def test_a_certificate_serve_cannot_use_is_one_line_naming_the_file(
+    tmp_path: Path, command: str, files: list[str], expected: str
+) -> None:
+    certificate(tmp_path)
+    (tmp_path / "other").mkdir()
+    certificate(tmp_path / "other")
+    (tmp_path / "junk.pem").write_text("not PEM\n")
+    refused_with_one_line(run(command, *files, cwd=tmp_path), expected)
 
 
 @pytest.mark.parametrize(

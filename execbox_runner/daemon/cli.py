@@ -26,7 +26,7 @@ from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
 from .observability import logs
 from .report import UNSAFE_SETTINGS, HostReport, host_report
-from .server import ConfigurationError, Daemon, size, url
+from .server import ConfigurationError, Daemon, size, tls_context, url
 from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
@@ -211,6 +211,7 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         settings = config.resolve(args)
         if args.command == "info":
+            tls_context(settings)  # a certificate serve would refuse
             return _info(settings, args.json)
         logs.configure(settings.log_level, settings.log_format == "json")
         daemon = Daemon(settings)
