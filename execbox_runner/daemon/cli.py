@@ -212,14 +212,14 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
         settings = config.resolve(args)
         if args.command == "info":
             tls_context(settings)  # a certificate serve would refuse
-            return _info(settings, args.json)
-        logs.configure(settings.log_level, settings.log_format == "json")
-        daemon = Daemon(settings)
-    except BrokenPipeError:
-        raise  # info's reader went away: not a configuration error
+        else:
+            logs.configure(settings.log_level, settings.log_format == "json")
+            daemon = Daemon(settings)
     except (config.InvalidSetting, ConfigurationError, OSError, ssl.SSLError) as exc:
         print(f"execbox-runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "info":
+        return _info(settings, args.json)  # stdout's errors are the command line's (``cli.main``)
     processes = settings.processes or default_processes(usable_cores())
     status = EXIT_OK
     try:
