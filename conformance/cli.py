@@ -10,6 +10,7 @@ a traceback, because they are what a user fixes first (URL, token, certificate).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -111,13 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _main(args)
+        status = _main(args)
+        sys.stdout.flush()  # what is still buffered: a full disk or a closed pipe shows here
     except (UsageError, TranscriptError, TargetError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    except BrokenPipeError:  # stdout's reader left (`| head`): stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:
+        if exc.errno not in (errno.EPIPE, errno.ENOSPC):
+            raise
+        # stdout's reader left (`| head`): stop quietly, as other tools do; a full one is said
+        if exc.errno == errno.ENOSPC:
+            print(f"{PROG}: cannot write to stdout: {exc.strerror}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 1
+    return status
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ help's layout, numeric options) is ``commandline``.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from typing import NoReturn
@@ -60,10 +61,17 @@ examples:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args, argv)
-    except BrokenPipeError:  # stdout's reader left (`info | head`): stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = _run(args, argv)
+        sys.stdout.flush()  # what is still buffered: a full disk or a closed pipe shows here
+    except OSError as exc:
+        if exc.errno not in (errno.EPIPE, errno.ENOSPC):
+            raise
+        # stdout's reader left (`info | head`): stop quietly, as other tools do; a full one is said
+        if exc.errno == errno.ENOSPC:
+            print(f"execbox-runner: cannot write to stdout: {exc.strerror}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return EXIT_FAILURE
+    return status
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:

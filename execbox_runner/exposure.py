@@ -19,16 +19,18 @@ def is_loopback(host: str) -> bool:
 
 def read_tokens(inline: str, path: str) -> tuple[bytes, ...]:
     """Bearer tokens: ``inline`` comma-separated, and the lines of the file at ``path`` (``#``
-    comments). Raises OSError for a file that cannot be read."""
+    comments). Raises OSError for a file that cannot be read, UnicodeDecodeError for one that is
+    not UTF-8."""
     return tuple(entry.encode() for entry, _ in token_entries(inline, path))
 
 
 def token_entries(inline: str, path: str) -> list[tuple[str, str]]:
     """The entries of a tokens setting, each with where it came from (``""`` inline, ``line N`` of
     the file): ``inline`` comma-separated, then the file's lines, stripped, blank lines and ``#``
-    comments left out. Raises OSError for a file that cannot be read."""
+    comments left out. Raises OSError for a file that cannot be read, UnicodeDecodeError for one
+    that is not UTF-8."""
     entries = [(token.strip(), "") for token in inline.split(",")]
     if path:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
         entries += [(line.strip(), f"line {number}") for number, line in enumerate(lines, start=1)]
     return [(entry, where) for entry, where in entries if entry and not entry.startswith("#")]

@@ -131,6 +131,21 @@ def test_a_file_and_stdin(daemon: Daemon, tmp_path: Path) -> None:
     assert (piped.returncode, piped.stdout) == (0, "2\n")
 
 
+def test_code_that_is_not_utf8_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "bin.js").write_bytes(b"\xff\xfe1")
+    one_line(run("exec", "bin.js", cwd=tmp_path), 2, "execbox-runner exec: cannot read bin.js: not UTF-8 text")
+    piped = subprocess.run(
+        [sys.executable, "-m", "execbox_runner", "exec", "-"], input=b"\xff\xfe1", capture_output=True, timeout=120
+    )
+    one_line(
+        subprocess.CompletedProcess(piped.args, piped.returncode, piped.stdout.decode(), piped.stderr.decode()),
+        2,
+        "execbox-runner exec: cannot read stdin: not UTF-8 text",
+    )
+    # An argument's bytes that do not decode reach Python as surrogates (os.fsencode gives them back).
+    one_line(run("exec", '"\udcff"'), 2, "execbox-runner exec: the code is not UTF-8 text")
+
+
 # ---------------------------------------------------------------- exec: values and exit statuses
 
 
@@ -155,7 +170,7 @@ def test_limits_the_runner_refuses_are_a_usage_error_with_its_message(daemon: Da
         run("exec", "1", "--timeout-ms", "999999999", "--url", daemon.url, "--token", TOKEN),
         2,
         "execbox-runner exec: the runner refused the execution (validation_error): "
-        "timeoutMs 1e+09 exceeds this runner's maximum of 60000",
+        "timeoutMs 999999999 exceeds this runner's maximum of 60000",
     )
 
 
@@ -185,6 +200,19 @@ def test_a_wss_url_to_a_plain_runner_names_the_reason(daemon: Daemon) -> None:
 
 
 # ---------------------------------------------------------------- environment variables
+
+
+@pytest.mark.parametrize("token", ["a\nb", "a b", "\udcff"], ids=["line break", "space", "not UTF-8"])
+@pytest.mark.parametrize("command", ["exec", "replay"])
+def test_a_token_a_header_cannot_carry_is_one_line_and_exit_2(daemon: Daemon, command: str, token: str) -> None:
+    argv = [command, "1" if command == "exec" else str(TRANSCRIPT), "--url", daemon.url]
+    expected = "the token must be printable, without spaces or line breaks"
+    one_line(run(*argv, "--token", token), 2, expected)
+    one_line(run(*argv, env={"EXECBOX_RUNNER_TOKEN": token}), 2, expected)
+
+
+def test_a_printable_token_the_runner_does_not_know_is_refused_by_it(daemon: Daemon) -> None:
+    one_line(run("exec", "1", "--url", daemon.url, "--token", "caf\u00e9"), 2, "401")
 
 
 def test_clients_read_execbox_runner_url_and_token(daemon: Daemon) -> None:

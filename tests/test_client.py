@@ -361,7 +361,7 @@ def test_a_refused_execute_is_told_from_a_guests_validation_error(backend: str, 
     assert (refused.ok, refused.refused, refused.error) == (
         False,
         True,
-        ErrorInfo("validation_error", "timeoutMs 1e+09 exceeds this runner's maximum of 300000"),
+        ErrorInfo("validation_error", "timeoutMs 1000000000 exceeds this runner's maximum of 300000"),
     )
 
     def reject() -> None:

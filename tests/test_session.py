@@ -365,6 +365,9 @@ def test_limits_above_the_operators_maximum_are_refused() -> None:
         "code": "validation_error",
         "message": "timeoutMs 1001 exceeds this runner's maximum of 1000",
     }
+    for asked, written in ((999_999_999, "999999999"), (1e9, "1000000000"), (1000.5, "1000.5")):
+        (done,) = sent(session.receive_text(execute("n", options={**OPTIONS, "timeoutMs": asked}), 0.0))
+        assert done["error"]["message"] == f"timeoutMs {written} exceeds this runner's maximum of 1000"
     (done,) = sent(session.receive_text(execute("big", options={**OPTIONS, "memoryLimitBytes": (1 << 20) + 1}), 0.0))
     assert done["error"]["code"] == "validation_error" and "memoryLimitBytes" in done["error"]["message"]
     assert sent(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from execbox_runner.daemon import config, report, supervisor
 from execbox_runner.daemon.report import UNSAFE_SETTINGS
 
-from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
+from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon
 from .test_config import settings
 from .test_operations import metric
 
@@ -29,7 +30,7 @@ COMMAND_TIMEOUT_S = 60
 LOG_WAIT_S = 30.0
 
 
-def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(config.ENV_PREFIX)}
     return subprocess.run(
         [sys.executable, "-m", "execbox_runner", *argv],
@@ -37,6 +38,7 @@ def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         text=True,
         timeout=COMMAND_TIMEOUT_S,
         env={**environment, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -58,6 +60,7 @@ MISCONFIGURATIONS = [
     (["--max-workers", "0"], "invalid --max-workers '0': must be an integer > 0"),
     (["--worker-capacity", "0"], "must be an integer > 0"),
     (["--worker-threads", "0"], "must be an integer > 0"),
+    (["--worker-threads", "16384"], "invalid --worker-threads '16384': must be an integer > 0 and <= 1024"),
     (["--max-message-bytes", "0"], "must be an integer > 0"),
     (["--max-output-bytes", "1.5"], "must be an integer > 0"),
     (["--max-timeout-ms", "0"], "must be an integer > 0"),
@@ -123,7 +126,8 @@ def test_environment_variables_are_checked_like_flags(variable: str, value: str,
         ("port = 70000", "port = 70000: must be a port number 0-65535"),
         ("idle_timeout = -1", "idle_timeout = -1: must be a number of seconds > 0"),
         ("max_sessions = 1.5", "must be an integer >= 0"),
-        ("sandbox = 0", "must be a boolean"),
+        ("sandbox = 0", "sandbox = 0: must be a TOML boolean: true or false"),
+        ('sandbox = "on"', "sandbox = 'on': must be a boolean: true/1/yes/false/0/no"),  # a string: a flag's words
         ('certfile = "/nonexistent/cert.pem"', "certfile = '/nonexistent/cert.pem': No such file or directory"),
         ("surprise = true", "unknown setting 'surprise'"),
         ('profile = "fast"', "profile = 'fast': must be one of standard, hardened"),
@@ -135,6 +139,66 @@ def test_toml_keys_are_checked_like_flags(tmp_path: Path, content: str, expected
     file = tmp_path / "runner.toml"
     file.write_text(content + "\n")
     refused_with_one_line(run("serve", "--config", str(file)), expected)
+
+
+@pytest.mark.parametrize("command", ["serve", "info"])
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("--config", "cannot read config file {file}: not UTF-8 text"),
+        ("EXECBOX_RUNNER_CONFIG", "cannot read config file {file}: not UTF-8 text"),
+        ("--tokens-file", "invalid --tokens-file '{file}': not UTF-8 text"),
+        ("--metrics-token-file", "invalid --metrics-token-file '{file}': not UTF-8 text"),
+    ],
+)
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path, command: str, how: str, expected: str) -> None:
+    file = tmp_path / "latin1"
+    file.write_bytes(b"port = 1\n# caf\xe9\n")
+    given = (["--metrics-port", "9999"] if how == "--metrics-token-file" else []) + [how, str(file)]
+    result = run(command, env={how: str(file)}) if how.startswith(config.ENV_PREFIX) else run(command, *given)
+    refused_with_one_line(result, expected.format(file=file))
+
+
+@pytest.mark.parametrize("command", ["serve", "info"])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", "holds no token (it would leave sessions open to anyone who reaches the port)"),
+        ("# tokens to come\n\n", "holds no token"),
+        ("a tenant=x\nb\na tenant=y\n", "line 3: the token of line 1 again (a token is one tenant's)"),
+    ],
+    ids=["empty", "comments only", "a token twice"],
+)
+def test_a_tokens_file_without_tokens_or_with_one_twice_is_refused(
+    tmp_path: Path, command: str, content: str, expected: str
+) -> None:
+    file = tmp_path / "tokens.txt"
+    file.write_text(content)
+    refused_with_one_line(run(command, "--host", "0.0.0.0", "--tokens-file", str(file)), expected)
+
+
+@pytest.mark.parametrize("command", ["serve", "info"])
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (["--certfile", "junk.pem"], "--certfile junk.pem holds no PEM certificate"),
+        (["--certfile", "tls.crt"], "--certfile tls.crt (no --keyfile) holds no PEM private key"),
+        (["--certfile", "tls.crt", "--keyfile", "junk.pem"], "--keyfile junk.pem holds no PEM private key"),
+        (
+            ["--certfile", "tls.crt", "--keyfile", "other/tls.key"],
+            "the private key of --keyfile other/tls.key does not match the certificate of --certfile tls.crt",
+        ),
+    ],
+    ids=["not a certificate", "no key", "a keyfile without a key", "another certificate's key"],
+)
+def test_a_certificate_serve_cannot_use_is_one_line_naming_the_file(
+    tmp_path: Path, command: str, files: list[str], expected: str
+) -> None:
+    certificate(tmp_path)
+    (tmp_path / "other").mkdir()
+    certificate(tmp_path / "other")
+    (tmp_path / "junk.pem").write_text("not PEM\n")
+    refused_with_one_line(run(command, *files, cwd=tmp_path), expected)
 
 
 @pytest.mark.parametrize(
@@ -256,3 +320,38 @@ def test_a_second_sigterm_during_a_drain_stops_at_once(processes: str) -> None:
         d.process.send_signal(signal.SIGTERM)
         assert d.process.wait(timeout=COMMAND_TIMEOUT_S) == 1
         wait_for_log(d, "again while draining: stopping at once", 1)
+
+
+def test_a_signal_while_workers_keep_failing_to_start_stops_the_daemon(tmp_path: Path) -> None:
+    # Workers cannot lower an address-space limit below their own backstop: each fails to start,
+    # and the daemon, never ready, replaces them until a signal stops it.
+    limit = 4 << 30
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(config.ENV_PREFIX)}
+    argv = ["serve", "--port", "0", "--log-format", "text", "--memory-budget-bytes", str(4 * limit)]
+    log = tmp_path / "stderr"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "execbox_runner", *argv],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=environment,
+            preexec_fn=limited,  # noqa: PLW1509 -- only setrlimit, before exec
+        )
+    try:
+        deadline = time.monotonic() + LOG_WAIT_S
+        while "failed to start" not in log.read_text():
+            assert time.monotonic() < deadline and process.poll() is None, log.read_text()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=COMMAND_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, log.read_text()
+    assert out == "" and "received SIGTERM before the daemon was ready: stopping" in log.read_text()

@@ -26,6 +26,7 @@ from ..commandline import (
     EXIT_USAGE,
     HelpFormatter,
     UsageError,
+    check_token,
     exit_statuses,
     milliseconds,
 )
@@ -91,11 +92,13 @@ examples:
 def run_exec(args: argparse.Namespace) -> int:
     try:
         code = read_code(args.code)
+        url = args.url or from_environment(URL_ENV, PROG)
+        token = args.token or from_environment(TOKEN_ENV, PROG)
+        if url:  # a private local runner takes no token
+            check_token(token)
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    url = args.url or from_environment(URL_ENV, PROG)
-    token = args.token or from_environment(TOKEN_ENV, PROG)
     try:
         with Runner.connect(url, token=token) if url else Runner.local() as runner:
             result = runner.execute_sync(code, timeout_ms=args.timeout_ms, on_log=_log_line)
@@ -133,11 +136,19 @@ def exit_status(error: RunnerError) -> int:
 
 def read_code(argument: str) -> str:
     """The guest code ``argument`` stands for (see ``CODE_OR_FILE_HELP``); ``UsageError`` for a file
-    that cannot be read."""
+    that cannot be read, and for code (from stdin, a file or the argument) that is not UTF-8 text."""
     if argument == "-":
-        return sys.stdin.read()
-    if not _is_file(argument) and not looks_like_a_path(argument):
-        return argument
+        try:
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError("cannot read stdin: not UTF-8 text") from None
+    if not _is_file(argument):
+        try:
+            argument.encode("utf-8")  # the bytes of an argument that does not decode are surrogates
+        except UnicodeEncodeError:
+            raise UsageError("the code is not UTF-8 text") from None
+        if not looks_like_a_path(argument):
+            return argument
     path = Path(argument).expanduser()
     try:
         return path.read_text(encoding="utf-8")

@@ -17,7 +17,16 @@ from execbox_runner_conformance.report import summary
 from execbox_runner_conformance.runner import Target, TargetError, run_all
 from execbox_runner_conformance.transcript import Transcript, TranscriptError, load_transcript
 
-from ..commandline import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, HelpFormatter, exit_statuses, seconds
+from ..commandline import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    HelpFormatter,
+    UsageError,
+    check_token,
+    exit_statuses,
+    seconds,
+)
 from .cli import exit_status
 from .environment import TOKEN_ENV, URL_ENV, from_environment
 from .errors import RunnerError
@@ -61,9 +70,10 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{prog}: error: give the runner's URL: --url or ${URL_ENV}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        check_token(token)
         transcripts: list[Transcript] = [load_transcript(path) for path in args.files]
         anyio.run(_handshake, url, token)
-    except (TranscriptError, ValueError) as exc:
+    except (UsageError, TranscriptError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except RunnerError as exc:

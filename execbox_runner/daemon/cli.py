@@ -26,7 +26,7 @@ from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
 from .observability import logs
 from .report import UNSAFE_SETTINGS, HostReport, host_report
-from .server import ConfigurationError, Daemon, size, url
+from .server import ConfigurationError, Daemon, size, tls_context, url
 from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
@@ -50,7 +50,8 @@ def add_daemon_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPar
         epilog=exit_statuses(
             failure="a port that cannot be bound, or a stop forced by a second signal during the drain",
             usage="an invalid setting (one line, before anything starts)",
-            ok="a clean stop: every execution finished or was cancelled within the drain",
+            ok="a clean stop: every execution finished or was cancelled within the drain, or a signal came"
+            " before the daemon was ready",
         )
         + """
 
@@ -141,19 +142,23 @@ def _limit_lines(settings: config.Settings, report: HostReport) -> list[str]:
 async def _serve_until_signalled(daemon: Daemon) -> int:
     """Serve until SIGINT or SIGTERM, then drain; a second signal during the drain stops at once.
 
-    The drain runs beside the signal loop, so the second signal is seen while it waits.
-    Returns the exit status: 0 after a complete drain, 1 when stopped at once.
+    Signals are read from the start: one that comes before the daemon is ready (its workers still
+    starting, or failing to) stops it at once, as there is nothing to drain. The drain runs beside
+    the signal loop, so the second signal is seen while it waits.
+    Returns the exit status: 0 after a complete drain or a stop before ready, 1 when stopped at once.
     """
     status = EXIT_OK
+    ready = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            host, port = await nursery.start(daemon.serve)
-            if supervisor.is_shard():
-                nursery.start_soon(supervisor.watch_supervisor)
-            print(listening_line(url("wss" if daemon.tls is not None else "ws", host, port)), flush=True)
+            nursery.start_soon(_start, daemon, nursery, ready)
             draining = False
             async for signum in signals:
                 name = signal.Signals(signum).name
+                if not ready.is_set():
+                    log.warning("received %s before the daemon was ready: stopping", name)
+                    nursery.cancel_scope.cancel()
+                    break
                 if draining:
                     log.warning("received %s again while draining: stopping at once", name)
                     status = EXIT_FAILURE
@@ -167,6 +172,15 @@ async def _serve_until_signalled(daemon: Daemon) -> int:
                 )
                 nursery.start_soon(_drain_and_stop, daemon, nursery.cancel_scope)
     return status
+
+
+async def _start(daemon: Daemon, nursery: trio.Nursery, ready: trio.Event) -> None:
+    """Start serving in ``nursery``, print the listening line, and set ``ready``."""
+    host, port = await nursery.start(daemon.serve)
+    if supervisor.is_shard():
+        nursery.start_soon(supervisor.watch_supervisor)
+    print(listening_line(url("wss" if daemon.tls is not None else "ws", host, port)), flush=True)
+    ready.set()
 
 
 async def _drain_and_stop(daemon: Daemon, scope: trio.CancelScope) -> None:
@@ -197,14 +211,15 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         settings = config.resolve(args)
         if args.command == "info":
-            return _info(settings, args.json)
-        logs.configure(settings.log_level, settings.log_format == "json")
-        daemon = Daemon(settings)
-    except BrokenPipeError:
-        raise  # info's reader went away: not a configuration error
+            tls_context(settings)  # a certificate serve would refuse
+        else:
+            logs.configure(settings.log_level, settings.log_format == "json")
+            daemon = Daemon(settings)
     except (config.InvalidSetting, ConfigurationError, OSError, ssl.SSLError) as exc:
         print(f"execbox-runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "info":
+        return _info(settings, args.json)  # stdout's errors are the command line's (``cli.main``)
     processes = settings.processes or default_processes(usable_cores())
     status = EXIT_OK
     try:

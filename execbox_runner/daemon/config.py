@@ -36,7 +36,14 @@ ENV_PREFIX: Final = "EXECBOX_RUNNER_"
 TRUE_WORDS: Final = ("true", "1", "yes")
 FALSE_WORDS: Final = ("false", "0", "no")
 MAX_PORT: Final = 65535
+NOT_TEXT: Final = "not UTF-8 text"  # a file of settings or tokens that does not decode
 PORTS: Final = frozenset({"port", "metrics_port"})
+# Runner threads a worker may start: 64 times the default, well past the cores any machine runs
+# guests on at once. Far more cannot start (16,384 each with its 32 MiB stack fail with "can't
+# start new thread"), which left the daemon replacing workers forever, never ready.
+MAX_WORKER_THREADS: Final = 1024
+# Numbers with an upper bound besides the ports'.
+MAXIMA: Final = {"worker_threads": MAX_WORKER_THREADS}
 
 
 @dataclass(frozen=True)
@@ -162,7 +169,8 @@ def rule(name: str, kind: type) -> str:
         return f"a port number 0-{MAX_PORT}"
     if kind in (int, float):
         number = "an integer" if kind is int else "a number of seconds"
-        return f"{number} {'>= 0' if name in ZERO_ALLOWED else '> 0'}"
+        maximum = f" and <= {MAXIMA[name]}" if name in MAXIMA else ""
+        return f"{number} {'>= 0' if name in ZERO_ALLOWED else '> 0'}{maximum}"
     return ""
 
 
@@ -175,13 +183,16 @@ def convert(name: str, kind: type, value: object) -> object:
     if kind is bool:
         if isinstance(value, str) and value.strip().lower() in TRUE_WORDS + FALSE_WORDS:
             return value.strip().lower() in TRUE_WORDS
-        if not isinstance(value, bool):
+        if isinstance(value, str):
             raise ValueError(f"must be {wanted}")
+        if not isinstance(value, bool):  # a TOML value: its words above are strings, 1 a number
+            raise ValueError("must be a TOML boolean: true or false")
         return value
     if kind in (int, float):
         number = _number(kind, value, wanted)
         too_small = number < 0 or (number == 0 and name not in ZERO_ALLOWED)
-        if too_small or (name in PORTS and number > MAX_PORT):
+        maximum = MAX_PORT if name in PORTS else MAXIMA.get(name, math.inf)
+        if too_small or number > maximum:
             raise ValueError(f"must be {wanted}")
         return number
     if not isinstance(value, str):
@@ -203,7 +214,10 @@ def _path_problem(name: str, value: str) -> str | None:
         return os.strerror(errno.ENOENT) if not path.exists() else "not a regular file"
     if name == "tokens_file" and value:
         try:
-            read_tenants("", value)
+            if not read_tenants("", value):
+                return "holds no token (it would leave sessions open to anyone who reaches the port)"
+        except UnicodeDecodeError:
+            return NOT_TEXT
         except ValueError as exc:
             return str(exc)
         except OSError as exc:
@@ -212,6 +226,8 @@ def _path_problem(name: str, value: str) -> str | None:
         try:
             if not read_tokens("", value):
                 return "holds no token (it would leave /metrics open)"
+        except UnicodeDecodeError:
+            return NOT_TEXT
         except OSError as exc:
             return exc.strerror or str(exc)
     if name == "record_dir" and value and path.exists() and not path.is_dir():
@@ -356,9 +372,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _from_file(path: str, origins: dict[str, str]) -> dict[str, Any]:
     """The settings of a TOML file, converted; unknown keys are refused. Records where each came from in ``origins``."""
     try:
-        table = tomllib.loads(Path(path).read_text())
+        table = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise InvalidSetting(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InvalidSetting(f"cannot read config file {path}: {NOT_TEXT}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidSetting(f"cannot read config file {path}: {exc}") from None
     known = {field.name: type(field.default) for field in fields(Settings)}

@@ -147,8 +147,33 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
             raise ConfigurationError("--keyfile needs --certfile")
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(settings.certfile, settings.keyfile or None)
+    try:
+        # A passphrase is never asked for: OpenSSL's own prompt would wait on the terminal.
+        context.load_cert_chain(settings.certfile, settings.keyfile or None, password=b"")
+    except OSError as exc:  # ssl.SSLError is one too
+        raise ConfigurationError(_tls_problem(settings.certfile, settings.keyfile, exc)) from None
     return context
+
+
+def _tls_problem(certfile: str, keyfile: str, exc: OSError) -> str:
+    """One line naming the file at fault and what is wrong with it, for OpenSSL's error ``exc``."""
+    key = f"--keyfile {keyfile}" if keyfile else f"--certfile {certfile} (no --keyfile)"
+    if not isinstance(exc, ssl.SSLError):
+        return f"cannot read {exc.filename or certfile}: {exc.strerror or exc}"
+    try:
+        cert_text = Path(certfile).read_bytes()
+        key_text = Path(keyfile).read_bytes() if keyfile else cert_text
+    except OSError as error:
+        return f"cannot read {error.filename}: {error.strerror}"
+    if b"-----BEGIN CERTIFICATE-----" not in cert_text:
+        return f"--certfile {certfile} holds no PEM certificate"
+    if b"PRIVATE KEY-----" not in key_text:
+        return f"{key} holds no PEM private key"
+    if b"ENCRYPTED" in key_text:
+        return f"the private key of {key} is encrypted: the daemon takes no passphrase"
+    if exc.reason == "KEY_VALUES_MISMATCH":
+        return f"the private key of {key} does not match the certificate of --certfile {certfile}"
+    return f"cannot use --certfile {certfile} with the private key of {key}: {exc.reason or exc}"
 
 
 def record_directory(settings: Settings) -> Path | None:

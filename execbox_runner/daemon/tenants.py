@@ -58,12 +58,17 @@ class Tenant:
 
 def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
     """Each accepted token and its tenant: ``inline`` tokens (comma-separated, no settings), then
-    the lines of the file at ``path``. Raises ``ValueError`` naming the line at fault, OSError for
-    a file that cannot be read."""
+    the lines of the file at ``path``. Raises ``ValueError`` naming the line at fault (a bad
+    setting, a token given twice), OSError for a file that cannot be read."""
     named: dict[str, Tenant] = {}
     tenants: list[tuple[bytes, str]] = []
+    lines: dict[str, str] = {}  # each token of the file -> its line
     for index, (entry, where) in enumerate(token_entries(inline, path)):
         token, _, settings = entry.partition(" ") if where else (entry, "", "")  # settings: the file's only
+        if where and token in lines:  # one of the two lines would be ignored
+            raise ValueError(f"{where}: the token of {lines[token]} again (a token is one tenant's)")
+        if where:
+            lines[token] = where
         tenant = _tenant(index, where, settings)
         known = named.get(tenant.name)
         if known is None or (_has_settings(tenant) and not _has_settings(known)):

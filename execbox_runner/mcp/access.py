@@ -127,6 +127,8 @@ def http_access(
         accepted = read_tokens(tokens or os.environ.get(TOKEN_ENV, ""), token_file)
     except OSError as exc:
         raise ValueError(f"cannot read --http-token-file {token_file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read --http-token-file {token_file}: not UTF-8 text") from None
     if not accepted and not is_loopback(host) and not allow_unauthenticated:
         raise ValueError(
             f"refusing to serve {host} without authentication: give --http-token-file (or --http-token,"

@@ -239,7 +239,7 @@ class Session:
             return _rejected(
                 message.id,
                 "validation_error",
-                f"timeoutMs {options.timeoutMs:g} exceeds this runner's maximum of {self.max_timeout_ms:g}",
+                f"timeoutMs {_plain(options.timeoutMs)} exceeds this runner's maximum of {_plain(self.max_timeout_ms)}",
             )
         if options.memoryLimitBytes > self.max_memory_limit_bytes:
             return _rejected(
@@ -483,6 +483,12 @@ class Session:
 
 def _elapsed_ms(ex: _Execution, now: float) -> int:
     return max(0, round((now - ex.started_at) * 1000))
+
+
+def _plain(number: float) -> str:
+    """A number in a message as a host wrote it: a whole one as an integer (``:g`` made
+    999999999 "1e+09"), any other exactly."""
+    return str(int(number)) if float(number).is_integer() else repr(number)
 
 
 def _rejected(exec_id: str, code: ErrorCode, message: str) -> list[Action]:
