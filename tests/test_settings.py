@@ -269,6 +269,23 @@ def test_unsafe_settings_are_a_warning_a_healthz_field_and_a_metric() -> None:
         assert f'execbox_unsafe_settings{{setting="{safe}"}} 0.0' in text
 
 
+def test_variables_nothing_reads_and_the_clients_token_are_warned_of_not_refused() -> None:
+    """A misspelt setting, or the clients' EXECBOX_RUNNER_TOKEN meant as the daemon's, would
+    otherwise go unnoticed; the clients' and code mode's own variables may share the environment."""
+    env = {"EXECBOX_RUNNER_MAX_SESIONS": "5", "EXECBOX_RUNNER_TOKEN": "abc", "EXECBOX_RUNNER_URL": "ws://x/"}
+    info = run("info", env=env)
+    assert info.returncode == 0
+    assert info.stderr.splitlines() == [
+        "execbox-runner: warning: EXECBOX_RUNNER_MAX_SESIONS is not a setting and is not read"
+        " (see execbox-runner serve --help)",
+        "execbox-runner: warning: EXECBOX_RUNNER_TOKEN is the clients' token and is not read here: the daemon's"
+        " tokens are EXECBOX_RUNNER_TOKENS or EXECBOX_RUNNER_TOKENS_FILE (--tokens, --tokens-file)",
+    ]
+    with running_daemon(env={"EXECBOX_RUNNER_MAX_SESIONS": "5"}) as d:
+        logged = [json.loads(line) for line in d.log_lines() if line.startswith("{")]
+    assert any(line["level"] == "warning" and "EXECBOX_RUNNER_MAX_SESIONS" in line["message"] for line in logged)
+
+
 def test_a_runner_with_tokens_and_the_sandbox_reports_nothing_unsafe(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("secret\n")

@@ -218,6 +218,11 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
     except (config.InvalidSetting, ConfigurationError, OSError, ssl.SSLError) as exc:
         print(f"execbox-runner: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    for warning in [] if supervisor.is_shard() else config.unknown_variables():  # the supervisor's said it
+        if args.command == "info":
+            print(f"execbox-runner: warning: {warning}", file=sys.stderr)
+        else:
+            log.warning(warning)
     if args.command == "info":
         return _info(settings, args.json)  # stdout's errors are the command line's (``cli.main``)
     processes = settings.processes or default_processes(usable_cores())

@@ -429,6 +429,28 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     return settings
 
 
+# EXECBOX_RUNNER_* variables that are not settings but are read elsewhere: the config file, a
+# shard's place (the supervisor), the image's health check, and the clients' and code mode's.
+_OTHER_VARIABLES: Final = frozenset({"CONFIG", "SHARD", "HEALTHCHECK_PORT", "URL", "MCP_TOKEN"})
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each ``EXECBOX_RUNNER_*`` variable that nothing reads (a misspelt setting goes
+    unnoticed otherwise), and for the clients' ``EXECBOX_RUNNER_TOKEN``, which is not a daemon's."""
+    names = {ENV_PREFIX + field.name.upper() for field in fields(Settings)}
+    names |= {ENV_PREFIX + name for name in _OTHER_VARIABLES}
+    warnings = []
+    for variable in sorted(os.environ if environ is None else environ):
+        if variable == ENV_PREFIX + "TOKEN":
+            warnings.append(
+                f"{variable} is the clients' token and is not read here: the daemon's tokens are"
+                f" {ENV_PREFIX}TOKENS or {ENV_PREFIX}TOKENS_FILE (--tokens, --tokens-file)"
+            )
+        elif variable.startswith(ENV_PREFIX) and variable not in names:
+            warnings.append(f"{variable} is not a setting and is not read (see execbox-runner serve --help)")
+    return warnings
+
+
 def _check_together(settings: Settings) -> None:
     """Settings that are each valid but contradict each other."""
     if settings.keyfile and not settings.certfile:
