@@ -56,14 +56,6 @@ class UsageError(Exception):
     """What the user must fix in the command line; the message is the one line they see."""
 
 
-def check_token(token: str | None) -> None:
-    """``UsageError`` for a bearer token an ``Authorization`` header cannot carry: one that is not
-    printable (a control character, or bytes that are not UTF-8) or has a space or line break (as
-    ``execbox-conformance`` says of its own ``--token``)."""
-    if token is not None and (not token.isprintable() or any(char.isspace() for char in token)):
-        raise UsageError("the token must be printable, without spaces or line breaks")
-
-
 # ---------------------------------------------------------------- argparse types of numeric options
 
 

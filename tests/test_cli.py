@@ -206,13 +206,13 @@ def test_a_wss_url_to_a_plain_runner_names_the_reason(daemon: Daemon) -> None:
 @pytest.mark.parametrize("command", ["exec", "replay"])
 def test_a_token_a_header_cannot_carry_is_one_line_and_exit_2(daemon: Daemon, command: str, token: str) -> None:
     argv = [command, "1" if command == "exec" else str(TRANSCRIPT), "--url", daemon.url]
-    expected = "the token must be printable, without spaces or line breaks"
+    expected = "the token must be printable ASCII without spaces, and not empty"
     one_line(run(*argv, "--token", token), 2, expected)
     one_line(run(*argv, env={"EXECBOX_RUNNER_TOKEN": token}), 2, expected)
 
 
-def test_a_printable_token_the_runner_does_not_know_is_refused_by_it(daemon: Daemon) -> None:
-    one_line(run("exec", "1", "--url", daemon.url, "--token", "caf\u00e9"), 2, "401")
+def test_a_token_the_runner_does_not_know_is_refused_by_it(daemon: Daemon) -> None:
+    one_line(run("exec", "1", "--url", daemon.url, "--token", "not-one-of-its-tokens"), 2, "401")
 
 
 def test_clients_read_execbox_runner_url_and_token(daemon: Daemon) -> None:

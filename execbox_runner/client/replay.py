@@ -23,7 +23,6 @@ from ..commandline import (
     EXIT_USAGE,
     HelpFormatter,
     UsageError,
-    check_token,
     exit_statuses,
     seconds,
 )
@@ -70,7 +69,6 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{prog}: error: give the runner's URL: --url or ${URL_ENV}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        check_token(token)
         transcripts: list[Transcript] = [load_transcript(path) for path in args.files]
         anyio.run(_handshake, url, token)
     except (UsageError, TranscriptError, ValueError) as exc:

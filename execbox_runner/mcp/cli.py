@@ -30,8 +30,6 @@ from ..commandline import (
     EXIT_OK,
     EXIT_USAGE,
     HelpFormatter,
-    UsageError,
-    check_token,
     count,
     exit_statuses,
     milliseconds,
@@ -184,10 +182,8 @@ def run_mcp(args: argparse.Namespace) -> int:
     url = args.url or from_environment(URL_ENV, PROG)
     token = args.token or from_environment(TOKEN_ENV, PROG)
     try:
-        if url:  # a private local runner takes no token
-            check_token(token)
         runner = Runner.connect(url, token=token) if url else Runner.local()
-    except (UsageError, ValueError) as exc:  # a URL that is not ws:// or wss://, a token that cannot be sent
+    except ValueError as exc:  # a URL that is not ws:// or wss://, a token that cannot be sent
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     main = partial(
