@@ -36,6 +36,7 @@ from ..client import (
     safe_name,
 )
 from ..client.typescript import declare_function, declare_namespace
+from .failures import described
 from .provider import upstream_progress, user_approval
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ class CodeMode:
             body: dict[str, Any] = {"ok": False, "error": {"code": "runner_unavailable", "message": str(exc)}}
         except Exception as exc:  # anything else too reaches the MCP client with its reason
             log.debug("execute_code failed", exc_info=True)
-            body = {"ok": False, "error": {"code": "internal_error", "message": _reason(exc)}}
+            body = {"ok": False, "error": {"code": "internal_error", "message": described(exc)}}
         else:
             error = None if result.error is None else {"code": result.error.code, "message": result.error.message}
             body = {"ok": result.ok, "result": result.result, "error": error, "logs": result.logs}
@@ -186,13 +187,6 @@ def _counted(namespaces: Mapping[str, Mapping[str, Tool]], limit: int) -> dict[s
         return dataclasses.replace(tool, func=call)
 
     return {name: {tool_name: counted(tool) for tool_name, tool in tools.items()} for name, tools in namespaces.items()}
-
-
-def _reason(exc: Exception) -> str:
-    """What went wrong, in words: the first error of an exception group, and the type of one without a message."""
-    while isinstance(exc, ExceptionGroup):
-        exc = exc.exceptions[0]
-    return str(exc) or type(exc).__name__
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
 from .config import UpstreamServer
+from .failures import described, innermost
 
 
 @asynccontextmanager
@@ -54,12 +55,11 @@ async def _hold(client: Client, *, task_status: TaskStatus[ClientSession]) -> No
 
 
 def _why(server: UpstreamServer, exc: BaseException) -> str:
-    """Why a server did not start, in words: the first error inside the SDK's exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED and server.command is not None:
+    """Why a server did not start, in words."""
+    inner = innermost(exc)
+    if isinstance(inner, MCPError) and inner.code == CONNECTION_CLOSED and server.command is not None:
         return f"{server.command!r} exited, or closed its stdout, before the MCP handshake (see its stderr)"
-    return str(exc) or type(exc).__name__
+    return described(inner)
 
 
 async def _transport(server: UpstreamServer, stack: AsyncExitStack) -> StdioServerParameters | str | Transport:

@@ -344,9 +344,8 @@ class Session:
         reports the calls the guest made before it was stopped (it refuses those it makes as it
         unwinds): they go out too, as the guest made them. After the host's cancel, or as the
         daemon stops, none does. Raises ``_Misbehaved`` for a call the worker cannot have made."""
-        if self.phase is not Phase.RUNNING and (
-            self.phase is not Phase.ABORTING or ex.cancelled_at is not None or self._shutting_down
-        ):
+        stopped_on_request = ex.cancelled_at is not None or self._shutting_down
+        if self.phase not in (Phase.RUNNING, Phase.ABORTING) or stopped_on_request:
             return []
         actions: list[Action] = []
         for call_id, provider, tool, input_json in calls:
