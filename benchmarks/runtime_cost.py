@@ -38,8 +38,9 @@ from benchkit.pairs import build_options, measured_builds
 from benchkit.workload import MODEL_PROGRAM, tool_code
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker.guest import GuestRun, Runtime, fresh_runtime
+from execbox_runner.worker.guest import GuestRun
 from execbox_runner.worker.normalize import normalize
+from execbox_runner.worker.runtime import Runtime, fresh_runtime
 
 RUN = ipc.Run("1+1", 5.0, 64 << 20, 100, 64000, [("tools", ["echo"])], 1 << 24)
 TOOLS_RUN = ipc.Run(tool_code(10), 5.0, 64 << 20, 100, 64000, RUN.providers, 1 << 24)

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker.guest import STACK_BYTES, GuestRun
+from execbox_runner.worker.guest import GuestRun
+from execbox_runner.worker.runtime import STACK_BYTES
 
 Host = Callable[[str, str, Any], Any]
 UNDEFINED = object()
@@ -57,7 +58,7 @@ def run(
 ) -> ipc.Finished:
     """Run guest code to completion; ``record`` collects (provider, tool, input) of each call.
 
-    It runs on a thread with the real stack guest code gets in a worker (guest.STACK_BYTES).
+    It runs on a thread with the real stack guest code gets in a worker (runtime.STACK_BYTES).
     """
     arguments = (code, host, providers, memory, budget, lines, chars, max_output, record)
     outcome: list[ipc.Finished | BaseException] = []

@@ -20,8 +20,9 @@ import pytest
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import logring
-from execbox_runner.worker.guest import STACK_BYTES, GuestRun
+from execbox_runner.worker.guest import GuestRun
 from execbox_runner.worker.loop import recv_exactly
+from execbox_runner.worker.runtime import STACK_BYTES
 
 from .daemonkit import Daemon, client, execute, receive, running_daemon
 from .guestkit import run

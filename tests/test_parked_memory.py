@@ -11,7 +11,8 @@ import quickjs
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import guest as guest_module
 from execbox_runner.worker import native
-from execbox_runner.worker.guest import GuestRun, fresh_runtime
+from execbox_runner.worker.guest import GuestRun
+from execbox_runner.worker.runtime import fresh_runtime
 
 from .guestkit import run, run_message, value
 from .test_sandbox import receive, receive_any, start_worker

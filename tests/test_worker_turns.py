@@ -16,9 +16,10 @@ import pytest
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import guest, loop, runners
-from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun, Runtime
+from execbox_runner.worker.guest import TIMEOUT_MESSAGE, GuestRun
 from execbox_runner.worker.loop import Hosted, Worker, _batched
 from execbox_runner.worker.runners import TURN_CHECK_S, Runner
+from execbox_runner.worker.runtime import Runtime
 from execbox_runner.worker.turns import LONG_S, QUANTUM_S, Turns
 
 from .guestkit import run_message

@@ -63,12 +63,13 @@ from ..protocol import ipc
 from . import native, sandbox
 from .alarm import Alarm
 from .failure import BUDGET_MESSAGE
-from .guest import STACK_BYTES, TIMEOUT_MESSAGE, GuestRun, Runtime, fresh_runtime
+from .guest import TIMEOUT_MESSAGE, GuestRun
 from .interrupter import Interrupter
 from .logpump import LogPump
 from .normalize import normalize
 from .prefault import Prefaulter
 from .runners import TURN_CHECK_S, Runner, Threads, Watch, step_begins
+from .runtime import STACK_BYTES, Runtime, fresh_runtime
 from .turns import Turns
 
 # Threads share the GIL between engine calls; the default 5 ms switch interval would eat the abort grace.

@@ -39,8 +39,8 @@ import sys
 
 from ..protocol import ipc
 from . import loop, sandbox
-from .guest import fresh_runtime
 from .normalize import normalize
+from .runtime import fresh_runtime
 
 
 def serve(control: socket.socket, args: argparse.Namespace) -> None:
