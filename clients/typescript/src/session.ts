@@ -44,7 +44,8 @@ export interface HostSessionOptions {
   timeoutBackstopMs?: number;
   /**
    * Called with each log line, once and in order: from the runner's `log` messages (live logs,
-   * when the transport asked for them) and then the `done`'s lines not yet shown.
+   * when the transport asked for them) and then the `done`'s lines not yet shown. If it throws,
+   * the transport is terminated and the result is `internal_error` ("onLog threw: ...").
    */
   onLog?: (line: string) => void;
   /** Called as each tool starts; what it returns is called as the tool ends (with its error code if it failed). */
@@ -199,14 +200,6 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
 
   const onLog = options.onLog;
   let shownLines = 0;
-  const show = (lines: string[]): void => {
-    shownLines += lines.length;
-    if (onLog !== undefined) {
-      for (const line of lines) {
-        onLog(line);
-      }
-    }
-  };
 
   return new Promise<ExecuteResult>((resolve) => {
     let finished = false;
@@ -237,6 +230,20 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
           .catch(() => {});
       }
       resolve(result);
+    };
+
+    // Gives lines to onLog; one that throws ends the session (its error cannot escape into the socket's events).
+    const show = (lines: string[]): boolean => {
+      shownLines += lines.length;
+      try {
+        for (const line of lines) {
+          onLog?.(line);
+        }
+        return true;
+      } catch (error) {
+        finish(internalErrorResult(`onLog threw: ${messageOf(error)}`, Date.now() - startedAt), true);
+        return false;
+      }
     };
 
     const fail = (message: string): void => {
@@ -360,8 +367,10 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
           return;
         case "done":
           if (message.id === executionId) {
-            show(message.logs.slice(shownLines)); // all of them, from a runner without live logs
-            finish(toResult(message));
+            // All of them, from a runner without live logs.
+            if (show(message.logs.slice(shownLines))) {
+              finish(toResult(message));
+            }
           }
           return;
         default:
