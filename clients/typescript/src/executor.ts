@@ -1,9 +1,10 @@
 import {
-  checkRuntimeOptions,
+  checkExecutionInput,
   internalErrorResult,
   resolveRuntimeOptions,
   runHostSession,
   timeoutResult,
+  validationErrorResult,
 } from "./session.js";
 import { startExecutionTrace } from "./tracing.js";
 import { connectWebSocketTransport, RunnerConnectionError, type ConnectOptions } from "./transport.js";
@@ -91,18 +92,19 @@ export class RunnerExecutor implements Executor {
   async execute(
     code: string,
     providers: ResolvedToolProvider[],
-    options: ExecutionOptions = {},
+    given: ExecutionOptions = {},
   ): Promise<ExecuteResult> {
     if (this.#disposed) {
       return internalErrorResult("This RunnerExecutor has been disposed");
     }
+    const options = given ?? {}; // null, from plain JavaScript
+    const runtimeOptions = resolveRuntimeOptions(this.#options, options);
+    const invalid = checkExecutionInput(providers, runtimeOptions, options.signal);
+    if (invalid !== undefined) {
+      return validationErrorResult(invalid);
+    }
     if (options.signal?.aborted) {
       return timeoutResult();
-    }
-    const runtimeOptions = resolveRuntimeOptions(this.#options, options);
-    const invalid = checkRuntimeOptions(runtimeOptions);
-    if (invalid !== undefined) {
-      return { durationMs: 0, error: { code: "validation_error", message: invalid }, logs: [], ok: false };
     }
     const controller = new AbortController();
     const onAbort = (): void => controller.abort();

@@ -68,6 +68,11 @@ export function timeoutResult(durationMs = 0, logs: string[] = []): ExecuteResul
   };
 }
 
+/** A `validation_error` failure: the input cannot be run, so nothing was sent. */
+export function validationErrorResult(message: string): ExecuteResult {
+  return { durationMs: 0, error: { code: "validation_error", message }, logs: [], ok: false };
+}
+
 /** An `internal_error` failure. */
 export function internalErrorResult(message: string, durationMs = 0): ExecuteResult {
   return {
@@ -108,6 +113,43 @@ export function checkRuntimeOptions(options: Required<ExecutorRuntimeOptions>): 
     }
   }
   return undefined;
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null;
+}
+
+/**
+ * Why an execution's input cannot be run, or `undefined` when it can: the limits (as
+ * {@link checkRuntimeOptions}), `providers` (an array of resolved providers) and `signal` (an
+ * `AbortSignal`). Plain JavaScript callers get this answer instead of a `TypeError`.
+ */
+export function checkExecutionInput(
+  providers: unknown,
+  runtimeOptions: Required<ExecutorRuntimeOptions>,
+  signal: unknown,
+): string | undefined {
+  if (!Array.isArray(providers)) {
+    return "providers must be an array of resolved providers (execbox's resolveProvider or defineProvider)";
+  }
+  const index = providers.findIndex(
+    (provider) => !isObject(provider) || typeof provider.name !== "string" || !isObject(provider.tools),
+  );
+  if (index >= 0) {
+    return `providers[${index}] is not a resolved provider: it needs a string name and an object of tools`;
+  }
+  if (
+    signal !== undefined &&
+    !(isObject(signal) && typeof signal.aborted === "boolean" && typeof signal.addEventListener === "function")
+  ) {
+    return "signal must be an AbortSignal";
+  }
+  return checkRuntimeOptions(runtimeOptions);
+}
+
+/** Runs a transport's `dispose` or `terminate` without waiting for it or letting it throw. */
+function closeQuietly(close: () => Promise<void> | void): void {
+  void Promise.resolve().then(close).catch(() => {});
 }
 
 /** The metadata the runner gets: names, descriptions and types, never closures. */
@@ -185,11 +227,18 @@ function toResult(message: DoneMessage): ExecuteResult {
  */
 export function runHostSession(options: HostSessionOptions): Promise<ExecuteResult> {
   const { transport, signal } = options;
-  const executionId = options.executionId ?? globalThis.crypto.randomUUID();
   const runtimeOptions = resolveRuntimeOptions(options.runtimeOptions);
+  const disposeTransport = options.disposeTransport ?? true;
+  const invalid = checkExecutionInput(options.providers, runtimeOptions, signal);
+  if (invalid !== undefined) {
+    if (disposeTransport) {
+      closeQuietly(() => transport.dispose());
+    }
+    return Promise.resolve(validationErrorResult(invalid));
+  }
+  const executionId = options.executionId ?? globalThis.crypto.randomUUID();
   const cancelGraceMs = options.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS;
   const backstopMs = options.timeoutBackstopMs ?? DEFAULT_TIMEOUT_BACKSTOP_MS;
-  const disposeTransport = options.disposeTransport ?? true;
   const providers = new Map<string, ResolvedToolProvider>();
   for (const provider of options.providers) {
     providers.set(provider.name, provider);
@@ -221,13 +270,9 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
       signal?.removeEventListener("abort", onAbort);
       toolController.abort();
       if (cutOff) {
-        void Promise.resolve()
-          .then(() => transport.terminate())
-          .catch(() => {});
+        closeQuietly(() => transport.terminate());
       } else if (disposeTransport) {
-        void Promise.resolve()
-          .then(() => transport.dispose())
-          .catch(() => {});
+        closeQuietly(() => transport.dispose());
       }
       resolve(result);
     };
@@ -404,11 +449,6 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
     if (signal?.aborted) {
       // Nothing was sent yet: no runner work to stop.
       finish(timeoutResult());
-      return;
-    }
-    const invalid = checkRuntimeOptions(runtimeOptions);
-    if (invalid !== undefined) {
-      finish({ durationMs: 0, error: { code: "validation_error", message: invalid }, logs: [], ok: false });
       return;
     }
     signal?.addEventListener("abort", onAbort, { once: true });
