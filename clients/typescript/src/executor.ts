@@ -38,7 +38,9 @@ export interface RunnerExecutorOptions
   /**
    * A handshake refused as busy (503) or over a tenant's quota (429) is tried again up to this many
    * times (default 0), after the runner's `Retry-After` (at most 30 s) or a doubling backoff from
-   * 250 ms. Nothing runs when a handshake is refused, so a retry never runs code twice.
+   * 250 ms. Nothing runs when a handshake is refused, so a retry never runs code twice. A wait that
+   * would end after the execution's `timeoutMs` (counted from `execute`) is not made: the refusal
+   * is the result at once.
    */
   retries?: number;
 }
@@ -125,7 +127,12 @@ export class RunnerExecutor implements Executor {
     try {
       let transport: HostTransport;
       try {
-        transport = await this.#open(controller.signal, onLog !== undefined, trace?.headers ?? {});
+        transport = await this.#open(
+          controller.signal,
+          startedAt + runtimeOptions.timeoutMs,
+          onLog !== undefined,
+          trace?.headers ?? {},
+        );
       } catch (error) {
         result = controller.signal.aborted
           ? timeoutResult(Date.now() - startedAt)
@@ -182,7 +189,13 @@ export class RunnerExecutor implements Executor {
     void tracked.then(() => this.#closing.delete(tracked));
   }
 
-  async #open(signal: AbortSignal, liveLogs: boolean, traceHeaders: Record<string, string>): Promise<HostTransport> {
+  /** The execution's connection; refused handshakes retried as `retries` says, waiting no later than `retryBy`. */
+  async #open(
+    signal: AbortSignal,
+    retryBy: number,
+    liveLogs: boolean,
+    traceHeaders: Record<string, string>,
+  ): Promise<HostTransport> {
     const { url, connectTransport } = this.#options;
     if (connectTransport === undefined) {
       const headers = { ...this.#options.headers, ...traceHeaders, ...(liveLogs ? LIVE_LOGS_HEADER : {}) };
@@ -194,8 +207,14 @@ export class RunnerExecutor implements Executor {
           if (!retryable || attempt >= (this.#options.retries ?? 0) || signal.aborted) {
             throw error;
           }
-          const waitMs = error.retryAfterSeconds !== undefined ? error.retryAfterSeconds * 1000 : RETRY_BACKOFF_MS * 2 ** attempt;
-          await abortableSleep(Math.min(waitMs, MAX_RETRY_WAIT_MS), signal);
+          const waitMs = Math.min(
+            error.retryAfterSeconds !== undefined ? error.retryAfterSeconds * 1000 : RETRY_BACKOFF_MS * 2 ** attempt,
+            MAX_RETRY_WAIT_MS,
+          );
+          if (Date.now() + waitMs > retryBy) {
+            throw error;
+          }
+          await abortableSleep(waitMs, signal);
         }
       }
     }
