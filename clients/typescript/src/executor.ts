@@ -1,6 +1,7 @@
 import {
   checkExecutionInput,
   internalErrorResult,
+  messageOf,
   resolveRuntimeOptions,
   runHostSession,
   timeoutResult,
@@ -64,10 +65,6 @@ function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
 interface Active {
   controller: AbortController;
   settled: Promise<unknown>;
-}
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
 
 /**

@@ -167,7 +167,8 @@ export function toProviderManifests(providers: ResolvedToolProvider[]): Provider
   });
 }
 
-function messageOf(error: unknown): string {
+/** A thrown value's message: an Error's, an object's string `message`, else the value as a string. */
+export function messageOf(error: unknown): string {
   if (error instanceof Error) {
     return error.message;
   }
