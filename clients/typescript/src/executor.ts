@@ -1,9 +1,11 @@
 import {
-  checkRuntimeOptions,
+  checkExecutionInput,
   internalErrorResult,
+  messageOf,
   resolveRuntimeOptions,
   runHostSession,
   timeoutResult,
+  validationErrorResult,
 } from "./session.js";
 import { startExecutionTrace } from "./tracing.js";
 import { connectWebSocketTransport, RunnerConnectionError, type ConnectOptions } from "./transport.js";
@@ -37,7 +39,9 @@ export interface RunnerExecutorOptions
   /**
    * A handshake refused as busy (503) or over a tenant's quota (429) is tried again up to this many
    * times (default 0), after the runner's `Retry-After` (at most 30 s) or a doubling backoff from
-   * 250 ms. Nothing runs when a handshake is refused, so a retry never runs code twice.
+   * 250 ms. Nothing runs when a handshake is refused, so a retry never runs code twice. A wait that
+   * would end after the execution's `timeoutMs` (counted from `execute`) is not made: the refusal
+   * is the result at once.
    */
   retries?: number;
 }
@@ -61,10 +65,6 @@ function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
 interface Active {
   controller: AbortController;
   settled: Promise<unknown>;
-}
-
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
 
 /**
@@ -91,18 +91,19 @@ export class RunnerExecutor implements Executor {
   async execute(
     code: string,
     providers: ResolvedToolProvider[],
-    options: ExecutionOptions = {},
+    given: ExecutionOptions = {},
   ): Promise<ExecuteResult> {
     if (this.#disposed) {
       return internalErrorResult("This RunnerExecutor has been disposed");
     }
+    const options = given ?? {}; // null, from plain JavaScript
+    const runtimeOptions = resolveRuntimeOptions(this.#options, options);
+    const invalid = checkExecutionInput(providers, runtimeOptions, options.signal);
+    if (invalid !== undefined) {
+      return validationErrorResult(invalid);
+    }
     if (options.signal?.aborted) {
       return timeoutResult();
-    }
-    const runtimeOptions = resolveRuntimeOptions(this.#options, options);
-    const invalid = checkRuntimeOptions(runtimeOptions);
-    if (invalid !== undefined) {
-      return { durationMs: 0, error: { code: "validation_error", message: invalid }, logs: [], ok: false };
     }
     const controller = new AbortController();
     const onAbort = (): void => controller.abort();
@@ -123,7 +124,12 @@ export class RunnerExecutor implements Executor {
     try {
       let transport: HostTransport;
       try {
-        transport = await this.#open(controller.signal, onLog !== undefined, trace?.headers ?? {});
+        transport = await this.#open(
+          controller.signal,
+          startedAt + runtimeOptions.timeoutMs,
+          onLog !== undefined,
+          trace?.headers ?? {},
+        );
       } catch (error) {
         result = controller.signal.aborted
           ? timeoutResult(Date.now() - startedAt)
@@ -180,7 +186,13 @@ export class RunnerExecutor implements Executor {
     void tracked.then(() => this.#closing.delete(tracked));
   }
 
-  async #open(signal: AbortSignal, liveLogs: boolean, traceHeaders: Record<string, string>): Promise<HostTransport> {
+  /** The execution's connection; refused handshakes retried as `retries` says, waiting no later than `retryBy`. */
+  async #open(
+    signal: AbortSignal,
+    retryBy: number,
+    liveLogs: boolean,
+    traceHeaders: Record<string, string>,
+  ): Promise<HostTransport> {
     const { url, connectTransport } = this.#options;
     if (connectTransport === undefined) {
       const headers = { ...this.#options.headers, ...traceHeaders, ...(liveLogs ? LIVE_LOGS_HEADER : {}) };
@@ -192,8 +204,14 @@ export class RunnerExecutor implements Executor {
           if (!retryable || attempt >= (this.#options.retries ?? 0) || signal.aborted) {
             throw error;
           }
-          const waitMs = error.retryAfterSeconds !== undefined ? error.retryAfterSeconds * 1000 : RETRY_BACKOFF_MS * 2 ** attempt;
-          await abortableSleep(Math.min(waitMs, MAX_RETRY_WAIT_MS), signal);
+          const waitMs = Math.min(
+            error.retryAfterSeconds !== undefined ? error.retryAfterSeconds * 1000 : RETRY_BACKOFF_MS * 2 ** attempt,
+            MAX_RETRY_WAIT_MS,
+          );
+          if (Date.now() + waitMs > retryBy) {
+            throw error;
+          }
+          await abortableSleep(waitMs, signal);
         }
       }
     }

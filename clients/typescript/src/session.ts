@@ -44,7 +44,8 @@ export interface HostSessionOptions {
   timeoutBackstopMs?: number;
   /**
    * Called with each log line, once and in order: from the runner's `log` messages (live logs,
-   * when the transport asked for them) and then the `done`'s lines not yet shown.
+   * when the transport asked for them) and then the `done`'s lines not yet shown. If it throws,
+   * the transport is terminated and the result is `internal_error` ("onLog threw: ...").
    */
   onLog?: (line: string) => void;
   /** Called as each tool starts; what it returns is called as the tool ends (with its error code if it failed). */
@@ -65,6 +66,11 @@ export function timeoutResult(durationMs = 0, logs: string[] = []): ExecuteResul
     logs,
     ok: false,
   };
+}
+
+/** A `validation_error` failure: the input cannot be run, so nothing was sent. */
+export function validationErrorResult(message: string): ExecuteResult {
+  return { durationMs: 0, error: { code: "validation_error", message }, logs: [], ok: false };
 }
 
 /** An `internal_error` failure. */
@@ -109,6 +115,43 @@ export function checkRuntimeOptions(options: Required<ExecutorRuntimeOptions>): 
   return undefined;
 }
 
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null;
+}
+
+/**
+ * Why an execution's input cannot be run, or `undefined` when it can: the limits (as
+ * {@link checkRuntimeOptions}), `providers` (an array of resolved providers) and `signal` (an
+ * `AbortSignal`). Plain JavaScript callers get this answer instead of a `TypeError`.
+ */
+export function checkExecutionInput(
+  providers: unknown,
+  runtimeOptions: Required<ExecutorRuntimeOptions>,
+  signal: unknown,
+): string | undefined {
+  if (!Array.isArray(providers)) {
+    return "providers must be an array of resolved providers (execbox's resolveProvider or defineProvider)";
+  }
+  const index = providers.findIndex(
+    (provider) => !isObject(provider) || typeof provider.name !== "string" || !isObject(provider.tools),
+  );
+  if (index >= 0) {
+    return `providers[${index}] is not a resolved provider: it needs a string name and an object of tools`;
+  }
+  if (
+    signal !== undefined &&
+    !(isObject(signal) && typeof signal.aborted === "boolean" && typeof signal.addEventListener === "function")
+  ) {
+    return "signal must be an AbortSignal";
+  }
+  return checkRuntimeOptions(runtimeOptions);
+}
+
+/** Runs a transport's `dispose` or `terminate` without waiting for it or letting it throw. */
+function closeQuietly(close: () => Promise<void> | void): void {
+  void Promise.resolve().then(close).catch(() => {});
+}
+
 /** The metadata the runner gets: names, descriptions and types, never closures. */
 export function toProviderManifests(providers: ResolvedToolProvider[]): ProviderManifest[] {
   return providers.map((provider) => {
@@ -124,7 +167,8 @@ export function toProviderManifests(providers: ResolvedToolProvider[]): Provider
   });
 }
 
-function messageOf(error: unknown): string {
+/** A thrown value's message: an Error's, an object's string `message`, else the value as a string. */
+export function messageOf(error: unknown): string {
   if (error instanceof Error) {
     return error.message;
   }
@@ -184,11 +228,18 @@ function toResult(message: DoneMessage): ExecuteResult {
  */
 export function runHostSession(options: HostSessionOptions): Promise<ExecuteResult> {
   const { transport, signal } = options;
-  const executionId = options.executionId ?? globalThis.crypto.randomUUID();
   const runtimeOptions = resolveRuntimeOptions(options.runtimeOptions);
+  const disposeTransport = options.disposeTransport ?? true;
+  const invalid = checkExecutionInput(options.providers, runtimeOptions, signal);
+  if (invalid !== undefined) {
+    if (disposeTransport) {
+      closeQuietly(() => transport.dispose());
+    }
+    return Promise.resolve(validationErrorResult(invalid));
+  }
+  const executionId = options.executionId ?? globalThis.crypto.randomUUID();
   const cancelGraceMs = options.cancelGraceMs ?? DEFAULT_CANCEL_GRACE_MS;
   const backstopMs = options.timeoutBackstopMs ?? DEFAULT_TIMEOUT_BACKSTOP_MS;
-  const disposeTransport = options.disposeTransport ?? true;
   const providers = new Map<string, ResolvedToolProvider>();
   for (const provider of options.providers) {
     providers.set(provider.name, provider);
@@ -199,14 +250,6 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
 
   const onLog = options.onLog;
   let shownLines = 0;
-  const show = (lines: string[]): void => {
-    shownLines += lines.length;
-    if (onLog !== undefined) {
-      for (const line of lines) {
-        onLog(line);
-      }
-    }
-  };
 
   return new Promise<ExecuteResult>((resolve) => {
     let finished = false;
@@ -228,15 +271,25 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
       signal?.removeEventListener("abort", onAbort);
       toolController.abort();
       if (cutOff) {
-        void Promise.resolve()
-          .then(() => transport.terminate())
-          .catch(() => {});
+        closeQuietly(() => transport.terminate());
       } else if (disposeTransport) {
-        void Promise.resolve()
-          .then(() => transport.dispose())
-          .catch(() => {});
+        closeQuietly(() => transport.dispose());
       }
       resolve(result);
+    };
+
+    // Gives lines to onLog; one that throws ends the session (its error cannot escape into the socket's events).
+    const show = (lines: string[]): boolean => {
+      shownLines += lines.length;
+      try {
+        for (const line of lines) {
+          onLog?.(line);
+        }
+        return true;
+      } catch (error) {
+        finish(internalErrorResult(`onLog threw: ${messageOf(error)}`, Date.now() - startedAt), true);
+        return false;
+      }
     };
 
     const fail = (message: string): void => {
@@ -360,8 +413,10 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
           return;
         case "done":
           if (message.id === executionId) {
-            show(message.logs.slice(shownLines)); // all of them, from a runner without live logs
-            finish(toResult(message));
+            // All of them, from a runner without live logs.
+            if (show(message.logs.slice(shownLines))) {
+              finish(toResult(message));
+            }
           }
           return;
         default:
@@ -395,11 +450,6 @@ export function runHostSession(options: HostSessionOptions): Promise<ExecuteResu
     if (signal?.aborted) {
       // Nothing was sent yet: no runner work to stop.
       finish(timeoutResult());
-      return;
-    }
-    const invalid = checkRuntimeOptions(runtimeOptions);
-    if (invalid !== undefined) {
-      finish({ durationMs: 0, error: { code: "validation_error", message: invalid }, logs: [], ok: false });
       return;
     }
     signal?.addEventListener("abort", onAbort, { once: true });

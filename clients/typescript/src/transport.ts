@@ -1,4 +1,5 @@
 import { checkRunnerMessage } from "./messages.js";
+import { messageOf } from "./session.js";
 import type {
   DispatcherMessage,
   HostTransport,
@@ -41,7 +42,7 @@ export type WebSocketConstructorLike = new (
 export interface ConnectOptions {
   /** `ws://host:port/` or `wss://host:port/`. */
   url: string | URL;
-  /** Sent as `Authorization: Bearer <token>`. */
+  /** Sent as `Authorization: Bearer <token>`: printable ASCII without spaces, not empty. */
   token?: string;
   /** Extra handshake headers. */
   headers?: Record<string, string>;
@@ -206,14 +207,21 @@ function connectWithWs(
 ): Promise<Socket> {
   return new Promise<Socket>((resolve, reject) => {
     let refusal: RunnerConnectionError | undefined;
-    const ws = new WebSocket(url, {
-      ...options.tls,
-      headers,
-      handshakeTimeout: options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS,
-      maxPayload: options.maxPayload ?? DEFAULT_MAX_PAYLOAD,
-      perMessageDeflate: false,
-      followRedirects: false,
-    });
+    let ws: NodeWs;
+    try {
+      ws = new WebSocket(url, {
+        ...options.tls,
+        headers,
+        handshakeTimeout: options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS,
+        maxPayload: options.maxPayload ?? DEFAULT_MAX_PAYLOAD,
+        perMessageDeflate: false,
+        followRedirects: false,
+      });
+    } catch (error) {
+      // Node's own checks, such as a header value with a newline.
+      reject(new RunnerConnectionError(`Could not connect to the runner at ${url}: ${messageOf(error)}`));
+      return;
+    }
     const attempt = new Attempt(resolve, reject, options.signal, () => ws.terminate());
     const socket: Socket = {
       get isOpen() {
@@ -295,7 +303,7 @@ function connectWithPlatform(
     } catch (error) {
       reject(
         new RunnerConnectionError(
-          `Could not connect to the runner at ${url}: ${error instanceof Error ? error.message : String(error)}`,
+          `Could not connect to the runner at ${url}: ${messageOf(error)}`,
         ),
       );
       return;
@@ -395,6 +403,10 @@ export async function connectWebSocketTransport(
   }
   const headers: Record<string, string> = { ...settings.headers };
   if (settings.token !== undefined) {
+    // As the Python client checks it; the message never shows the token.
+    if (typeof settings.token !== "string" || !/^[\x21-\x7e]+$/.test(settings.token)) {
+      throw new RunnerConnectionError("The token must be printable ASCII without spaces, and not empty");
+    }
     headers.Authorization = `Bearer ${settings.token}`;
   }
 

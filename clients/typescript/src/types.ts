@@ -53,7 +53,7 @@ export interface ExecutionOptions extends ExecutorRuntimeOptions {
   /**
    * Called with each line the guest logs, once and in order: as it is written when the runner
    * offers live logs (execbox-runner does), else all when the execution ends. The result's
-   * `logs` has the same lines.
+   * `logs` has the same lines. If it throws, the execution ends with `internal_error`.
    */
   onLog?: (line: string) => void;
 }

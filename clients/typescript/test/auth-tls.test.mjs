@@ -53,6 +53,25 @@ describe("token authentication", () => {
     });
   }
 
+  test("a token or header that cannot be sent is a RunnerConnectionError saying so, without the token", async () => {
+    for (const token of ["", "has space", `${TOKEN}\n`, "tök"]) {
+      await assert.rejects(connectWebSocketTransport({ url: daemon.url, token }), (error) => {
+        assert.ok(error instanceof RunnerConnectionError);
+        assert.equal(error.message, "The token must be printable ASCII without spaces, and not empty");
+        return true;
+      });
+    }
+    await assert.rejects(
+      connectWebSocketTransport({ url: daemon.url, headers: { "X-Note": "two\nlines" } }),
+      (error) => error instanceof RunnerConnectionError && /X-Note/.test(error.message),
+    );
+    const result = await new RunnerExecutor({ url: daemon.url, token: `${TOKEN}\n` }).execute("1", []);
+    assert.deepEqual(result.error, {
+      code: "internal_error",
+      message: "The token must be printable ASCII without spaces, and not empty",
+    });
+  });
+
   test("extra headers go with the handshake", async () => {
     const executor = new RunnerExecutor({
       url: daemon.url,

@@ -97,6 +97,22 @@ describe("results and logs", () => {
       message: "timeoutMs must be a finite number, at least 0 (got NaN)",
     });
   });
+
+  test("input only plain JavaScript can pass is a validation_error result, not a rejection", async () => {
+    const provider = defineProvider({ name: "kv", tools: { get: () => 1 } });
+    const refused = {
+      "a provider not in an array": [provider, undefined],
+      "no providers": [null, undefined],
+      "a provider without tools": [[{ name: "kv", tools: null, types: "" }], undefined],
+      "a signal that is no AbortSignal": [[provider], { signal: {} }],
+    };
+    for (const [what, [providers, options]] of Object.entries(refused)) {
+      const result = await executor.execute("1", providers, options);
+      assert.equal(result.error?.code, "validation_error", what);
+    }
+    const plain = await executor.execute("await kv.get()", [provider], null);
+    assert.equal(plain.result, 1);
+  });
 });
 
 describe("tools", () => {

@@ -381,4 +381,24 @@ describe("retries", () => {
       await runner.stop();
     }
   });
+
+  test("a Retry-After beyond the execution's timeoutMs is not waited for: the refusal is the result", { timeout: 20_000 }, async () => {
+    let handshakes = 0;
+    const runner = await startFakeRunner({
+      verifyClient: (_info, callback) => {
+        handshakes += 1;
+        callback(false, 429, "Too Many Requests", { "Retry-After": "30" });
+      },
+    });
+    try {
+      const executor = new RunnerExecutor({ url: runner.url, retries: 3 });
+      const result = await executor.execute("7", [], { timeoutMs: 1_000 });
+      assert.equal(result.error.code, "internal_error");
+      assert.match(result.error.message, /429 Too Many Requests/);
+      assert.equal(handshakes, 1);
+      await executor.dispose();
+    } finally {
+      await runner.stop();
+    }
+  });
 });

@@ -67,6 +67,25 @@ describe("onLog", () => {
     }
   });
 
+  test("an onLog that throws ends the execution with internal_error, live or from the done", async () => {
+    const executor = new RunnerExecutor({ url: daemon.url });
+    const runner = await startAnsweringRunner({ logs: ["a"] });
+    const fromDone = new RunnerExecutor({ url: runner.url });
+    const onLog = () => {
+      throw new Error("display gone");
+    };
+    try {
+      const live = await executor.execute("console.log('a'); while (true) {}", [], { timeoutMs: 5_000, onLog });
+      assert.deepEqual(live.error, { code: "internal_error", message: "onLog threw: display gone" });
+      const atEnd = await fromDone.execute("1", [], { onLog });
+      assert.deepEqual(atEnd.error, { code: "internal_error", message: "onLog threw: display gone" });
+    } finally {
+      await executor.dispose();
+      await fromDone.dispose();
+      await runner.stop();
+    }
+  });
+
   test("without onLog the handshake asks for nothing", async () => {
     const runner = await startAnsweringRunner();
     const executor = new RunnerExecutor({ url: runner.url });

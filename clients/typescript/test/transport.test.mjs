@@ -86,6 +86,16 @@ test("runHostSession runs several executions one after another on one connection
   assert.equal(closed, true);
 });
 
+test("runHostSession answers providers that are not an array with validation_error and disposes the transport", async () => {
+  const transport = await connectWebSocketTransport({ url: daemon.url, token: TOKEN });
+  const provider = defineProvider({ name: "kv", tools: { get: () => 1 } });
+  const result = await runHostSession({ transport, code: "1", providers: provider });
+  assert.equal(result.error.code, "validation_error");
+  assert.match(result.error.message, /providers must be an array/);
+  await transport.dispose();
+  assert.equal(transport.closed, true);
+});
+
 test("the platform WebSocket (globalThis.WebSocket) works too, token included", async (t) => {
   const args = [];
   if (typeof globalThis.WebSocket !== "function") {
