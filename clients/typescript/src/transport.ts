@@ -66,16 +66,19 @@ export interface ConnectOptions {
 
 /** The runner could not be reached, or refused the handshake. */
 export class RunnerConnectionError extends Error {
-  /** The HTTP status of a refused handshake (401 no or wrong token, 403 origin, 503 busy or draining). */
+  /** The HTTP status of a refused handshake (401 no or wrong token, 403 origin, 429 a tenant's quota, 503 busy or draining). */
   readonly status: number | undefined;
-  /** The runner's `Retry-After` in seconds, with a 503. */
+  /** The runner's `Retry-After` in seconds, with a 429 or a 503. */
   readonly retryAfterSeconds: number | undefined;
+  /** With a 429: the quota the tenant is at (`max_sessions`, `executions_per_minute`, ...), as the runner named it. */
+  readonly quota: string | undefined;
 
-  constructor(message: string, status?: number, retryAfterSeconds?: number) {
+  constructor(message: string, status?: number, retryAfterSeconds?: number, quota?: string) {
     super(message);
     this.name = "RunnerConnectionError";
     this.status = status;
     this.retryAfterSeconds = retryAfterSeconds;
+    this.quota = quota;
   }
 }
 
@@ -95,6 +98,8 @@ export interface WebSocketHostTransport extends HostTransport {
 const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 const DEFAULT_CLOSE_TIMEOUT_MS = 1_000;
 const DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024;
+/** How much of a refusal's body is read for its reason: the runner's are a short JSON object. */
+const MAX_REFUSAL_BODY_BYTES = 4096;
 
 /** What the transport needs from a socket, whichever WebSocket implementation it is. */
 interface Socket {
@@ -122,7 +127,13 @@ interface NodeWs {
     event: "unexpected-response",
     listener: (
       request: unknown,
-      response: { statusCode?: number; headers: Record<string, unknown>; resume(): void },
+      response: {
+        statusCode?: number;
+        headers: Record<string, unknown>;
+        on(event: "data", listener: (chunk: Buffer) => void): void;
+        on(event: "end", listener: () => void): void;
+        on(event: "error", listener: (error: Error) => void): void;
+      },
     ) => void,
   ): void;
   send(data: string, callback: (error?: Error) => void): void;
@@ -155,6 +166,24 @@ function statusText(status: number): string {
     default:
       return String(status);
   }
+}
+
+/** The reason a runner gave in a refusal's body (`{"message": ..., "quota": ...}`), where it is one. */
+function refusalReason(body: Buffer): { message?: string; quota?: string } {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString("utf8"));
+  } catch {
+    return {};
+  }
+  if (parsed === null || typeof parsed !== "object") {
+    return {};
+  }
+  const { message, quota } = parsed as Record<string, unknown>;
+  return {
+    message: typeof message === "string" && message !== "" ? message.slice(0, 500) : undefined,
+    quota: typeof quota === "string" ? quota : undefined,
+  };
 }
 
 /** One connection attempt: settles once, with the socket or why not, however it ends; an abort stops it. */
@@ -241,14 +270,31 @@ function connectWithWs(
 
     ws.on("unexpected-response", (_request, response) => {
       const status = response.statusCode ?? 0;
-      const retryAfter = Number(response.headers["retry-after"]);
-      refusal = new RunnerConnectionError(
-        `The runner at ${url} refused the connection: HTTP ${statusText(status)}`,
-        status,
-        Number.isFinite(retryAfter) ? retryAfter : undefined,
-      );
-      response.resume();
-      ws.terminate();
+      const header = Number(response.headers["retry-after"]);
+      const retryAfter = Number.isFinite(header) ? header : undefined;
+      const refused = `The runner at ${url} refused the connection: HTTP ${statusText(status)}`;
+      // Until the body's reason is read: the handshake's timeout may end the attempt first.
+      refusal = new RunnerConnectionError(refused, status, retryAfter);
+      const chunks: Buffer[] = [];
+      let size = 0;
+      const refuse = () => {
+        if (attempt.settled) {
+          return;
+        }
+        const reason = refusalReason(Buffer.concat(chunks).subarray(0, MAX_REFUSAL_BODY_BYTES));
+        const message = reason.message === undefined ? refused : `${refused} (${reason.message})`;
+        refusal = new RunnerConnectionError(message, status, retryAfter, reason.quota);
+        ws.terminate();
+      };
+      response.on("data", (chunk: Buffer) => {
+        chunks.push(chunk);
+        size += chunk.length;
+        if (size >= MAX_REFUSAL_BODY_BYTES) {
+          refuse();
+        }
+      });
+      response.on("end", refuse);
+      response.on("error", refuse);
     });
     ws.on("open", () => attempt.settle(socket));
     ws.on("message", (data, isBinary) => {
