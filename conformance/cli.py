@@ -135,8 +135,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.no_builtin and not args.transcripts:
         raise UsageError("--no-builtin needs at least one --transcripts DIR")
     transcripts = discover(args.transcripts, builtin=not args.no_builtin, select=args.select)
-    if not transcripts:
+    if not transcripts and args.select:
         raise UsageError(f"no transcript's file name contains {' or '.join(map(repr, args.select))}")
+    if not transcripts:
+        raise UsageError(f"no built-in transcripts in {BUILTIN_TRANSCRIPTS} (a broken installation?)")
     if args.list:
         _print_list(transcripts, as_json=args.json)
         return 0

@@ -195,6 +195,21 @@ def test_list_prints_the_selected_transcripts_and_connects_to_nothing() -> None:
     assert module.returncode == 0 and [line.split()[0] for line in module.stdout.splitlines()] == SPEC
 
 
+def test_the_kit_runs_from_a_source_checkout() -> None:
+    """``python -m conformance`` in a checkout finds the transcripts beside it, as a kit developer runs it."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "conformance", "--list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert completed.returncode == 0, completed.stderr
+    files = [item["file"] for item in json.loads(completed.stdout)["transcripts"]]
+    assert files == [str(path) for path in transcript_paths(REPO / "transcripts")]
+
+
 def test_repeated_k_selects_any_match_and_json_reports_the_results(runner_url: str) -> None:
     completed = conformance(runner_url, "-k", "spec-", "-k", "code-empty", "--json")
     assert completed.returncode == 0, completed.stderr
