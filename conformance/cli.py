@@ -19,7 +19,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 from websockets.exceptions import InvalidURI
 from websockets.uri import parse_uri
@@ -45,8 +45,15 @@ class UsageError(Exception):
     """The command was given something it cannot work with; no transcript was run."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, like the kit's other errors (CI logs show that line)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Replay execbox golden transcripts against a runner and check its answers.",
         epilog="Exit status: 0 all selected transcripts passed (or were skipped: an extension the runner "

@@ -365,9 +365,18 @@ def test_usage_errors_are_one_clear_line(args: list[str], message: str) -> None:
     assert_one_line_error(conformance(*args), message)
 
 
-def test_a_malformed_header_is_refused_by_the_parser() -> None:
-    completed = conformance("ws://127.0.0.1:1/", "--header", "no-colon")
-    assert completed.returncode == 2 and "expected NAME:VALUE" in completed.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ws://127.0.0.1:1/", "--header", "no-colon"], "argument --header: expected NAME:VALUE"),
+        (["ws://127.0.0.1:1/", "--timeout", "0"], "expected a positive number of seconds, got '0'"),
+        (["ws://127.0.0.1:1/", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["ws://127.0.0.1:1/", "ws://127.0.0.1:2/"], "unrecognized arguments: ws://127.0.0.1:2/"),
+        (["wss://127.0.0.1:1/", "--cafile", "ca.pem", "--insecure"], "not allowed with argument --cafile"),
+    ],
+)
+def test_options_the_parser_refuses_are_one_clear_line(args: list[str], message: str) -> None:
+    assert_one_line_error(conformance(*args), message, "(see --help)")
 
 
 def test_wss_with_cafile_or_insecure(tls_runner: tuple[str, Path]) -> None:
@@ -514,8 +523,8 @@ def test_match_placeholders() -> None:
     """The matcher alone, without a runner: placeholders, exact keys, and JSON types."""
     bindings: dict[str, str] = {}
     match(
-        {"a": "<any>", "s": "<string>", "n": "<number>", "r": "<number:1..2>", "id": "<unique:c>"},
-        {"a": [1], "s": "x", "n": 1.5, "r": 2, "id": "call-1"},
+        {"a": "<any>", "s": "<string>", "n": "<number>", "r": "<number:1..2>", "id": "<unique:c>", "o": "<one-of:x|y>"},
+        {"a": [1], "s": "x", "n": 1.5, "r": 2, "id": "call-1", "o": "y"},
         bindings,
     )
     assert bindings == {"c": "call-1"}
@@ -527,6 +536,9 @@ def test_match_placeholders() -> None:
         ("<number>", "1"),
         ("<string>", 1),
         ("<number:..0>", 1),
+        ("<one-of:x|y>", "z"),
+        ("<one-of:x|y>", "x|y"),
+        ("<one-of:1|2>", 1),
         (1, True),
         (0, False),
         ({"a": 1}, {"a": 1, "b": 2}),
