@@ -46,6 +46,9 @@ from .daemonkit import running_daemon, scripted_runner, stop
 
 REPO = Path(__file__).resolve().parent.parent
 TRANSCRIPTS = transcript_paths(BUILTIN_TRANSCRIPTS)
+# This runner's own choices where the specification leaves one (close codes, error positions, ...):
+# checked against this daemon only, never part of the kit that judges other runners.
+OWN_TRANSCRIPTS = transcript_paths(REPO / "tests" / "transcripts")
 SPEC = ["spec-minimal-cancellation", "spec-minimal-success"]
 OPTIONS = {"timeoutMs": 5000, "memoryLimitBytes": 67108864, "maxLogLines": 100, "maxLogChars": 64000}
 PROVIDERS = [{"name": "tools", "tools": {"echo": {"safeName": "echo"}}}]
@@ -144,7 +147,16 @@ def test_transcripts_exist_and_are_named_after_their_files() -> None:
         assert transcript.builtin, path
 
 
-@pytest.mark.parametrize("path", TRANSCRIPTS, ids=[path.stem for path in TRANSCRIPTS])
+def test_this_runners_own_transcripts_can_run_beside_the_kits() -> None:
+    """``--transcripts tests/transcripts`` with the built-in ones: loadable, and no name used twice."""
+    assert OWN_TRANSCRIPTS
+    own = discover([REPO / "tests" / "transcripts"])
+    assert [transcript.name for transcript in own if not transcript.builtin] == [path.stem for path in OWN_TRANSCRIPTS]
+
+
+@pytest.mark.parametrize(
+    "path", TRANSCRIPTS + OWN_TRANSCRIPTS, ids=[path.stem for path in TRANSCRIPTS + OWN_TRANSCRIPTS]
+)
 def test_transcript(runner_url: str, path: Path) -> None:
     result = run_transcript(runner_url, path)
     assert result.passed, result.reason
