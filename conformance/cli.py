@@ -19,7 +19,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Final, NoReturn
 
 from websockets.exceptions import InvalidURI
 from websockets.uri import parse_uri
@@ -45,8 +45,15 @@ class UsageError(Exception):
     """The command was given something it cannot work with; no transcript was run."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, like the kit's other errors (CI logs show that line)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Replay execbox golden transcripts against a runner and check its answers.",
         epilog="Exit status: 0 all selected transcripts passed (or were skipped: an extension the runner "
@@ -135,8 +142,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.no_builtin and not args.transcripts:
         raise UsageError("--no-builtin needs at least one --transcripts DIR")
     transcripts = discover(args.transcripts, builtin=not args.no_builtin, select=args.select)
-    if not transcripts:
+    if not transcripts and args.select:
         raise UsageError(f"no transcript's file name contains {' or '.join(map(repr, args.select))}")
+    if not transcripts:
+        raise UsageError(f"no built-in transcripts in {BUILTIN_TRANSCRIPTS} (a broken installation?)")
     if args.list:
         _print_list(transcripts, as_json=args.json)
         return 0

@@ -19,6 +19,7 @@ Bindings: TypeAlias = dict[str, str]
 _BIND: Final = re.compile(r"<bind:([A-Za-z0-9_.-]+)>")
 _UNIQUE: Final = re.compile(r"<unique:([A-Za-z0-9_.-]+)>")
 _RANGE: Final = re.compile(r"<number:(-?[0-9]+(?:\.[0-9]+)?)?\.\.(-?[0-9]+(?:\.[0-9]+)?)?>")
+_ONE_OF: Final = re.compile(r"<one-of:([^<>]+)>")
 
 
 class Mismatch(Exception):
@@ -98,6 +99,11 @@ def _placeholder(expected: str, actual: JSON, bindings: Bindings, path: str) -> 
         low, high = (None if bound is None else float(bound) for bound in found.groups())
         if (low is not None and actual < low) or (high is not None and actual > high):
             raise Mismatch(f"at {path}: expected a number in {expected[8:-1]}, got {show(actual)}")
+        return True
+    if found := _ONE_OF.fullmatch(expected):
+        # Where the specification allows several answers, e.g. "internal_error or runtime_error".
+        if actual not in found.group(1).split("|"):
+            raise Mismatch(f"at {path}: expected one of {found.group(1)}, got {show(actual)}")
         return True
     if found := _BIND.fullmatch(expected) or _UNIQUE.fullmatch(expected):
         name = found.group(1)

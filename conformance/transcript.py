@@ -28,8 +28,12 @@ __all__ = [
     "transcript_paths",
 ]
 
-#: The golden transcripts, shipped inside this package as data.
-BUILTIN_TRANSCRIPTS: Final = Path(__file__).resolve().with_name("transcripts")
+_PACKAGE: Final = Path(__file__).resolve().parent
+#: The golden transcripts: inside the installed package as data, or next to ``conformance/`` in a
+#: source checkout (``python -m conformance``), where they keep their place in the repository.
+BUILTIN_TRANSCRIPTS: Final = (
+    _PACKAGE / "transcripts" if (_PACKAGE / "transcripts").is_dir() else _PACKAGE.parent / "transcripts"
+)
 
 JSON: TypeAlias = Any
 

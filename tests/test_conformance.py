@@ -46,6 +46,9 @@ from .daemonkit import running_daemon, scripted_runner, stop
 
 REPO = Path(__file__).resolve().parent.parent
 TRANSCRIPTS = transcript_paths(BUILTIN_TRANSCRIPTS)
+# This runner's own choices where the specification leaves one (close codes, error positions, ...):
+# checked against this daemon only, never part of the kit that judges other runners.
+OWN_TRANSCRIPTS = transcript_paths(REPO / "tests" / "transcripts")
 SPEC = ["spec-minimal-cancellation", "spec-minimal-success"]
 OPTIONS = {"timeoutMs": 5000, "memoryLimitBytes": 67108864, "maxLogLines": 100, "maxLogChars": 64000}
 PROVIDERS = [{"name": "tools", "tools": {"echo": {"safeName": "echo"}}}]
@@ -144,7 +147,16 @@ def test_transcripts_exist_and_are_named_after_their_files() -> None:
         assert transcript.builtin, path
 
 
-@pytest.mark.parametrize("path", TRANSCRIPTS, ids=[path.stem for path in TRANSCRIPTS])
+def test_this_runners_own_transcripts_can_run_beside_the_kits() -> None:
+    """``--transcripts tests/transcripts`` with the built-in ones: loadable, and no name used twice."""
+    assert OWN_TRANSCRIPTS
+    own = discover([REPO / "tests" / "transcripts"])
+    assert [transcript.name for transcript in own if not transcript.builtin] == [path.stem for path in OWN_TRANSCRIPTS]
+
+
+@pytest.mark.parametrize(
+    "path", TRANSCRIPTS + OWN_TRANSCRIPTS, ids=[path.stem for path in TRANSCRIPTS + OWN_TRANSCRIPTS]
+)
 def test_transcript(runner_url: str, path: Path) -> None:
     result = run_transcript(runner_url, path)
     assert result.passed, result.reason
@@ -193,6 +205,21 @@ def test_list_prints_the_selected_transcripts_and_connects_to_nothing() -> None:
         timeout=60,
     )
     assert module.returncode == 0 and [line.split()[0] for line in module.stdout.splitlines()] == SPEC
+
+
+def test_the_kit_runs_from_a_source_checkout() -> None:
+    """``python -m conformance`` in a checkout finds the transcripts beside it, as a kit developer runs it."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "conformance", "--list", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert completed.returncode == 0, completed.stderr
+    files = [item["file"] for item in json.loads(completed.stdout)["transcripts"]]
+    assert files == [str(path) for path in transcript_paths(REPO / "transcripts")]
 
 
 def test_repeated_k_selects_any_match_and_json_reports_the_results(runner_url: str) -> None:
@@ -350,9 +377,18 @@ def test_usage_errors_are_one_clear_line(args: list[str], message: str) -> None:
     assert_one_line_error(conformance(*args), message)
 
 
-def test_a_malformed_header_is_refused_by_the_parser() -> None:
-    completed = conformance("ws://127.0.0.1:1/", "--header", "no-colon")
-    assert completed.returncode == 2 and "expected NAME:VALUE" in completed.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ws://127.0.0.1:1/", "--header", "no-colon"], "argument --header: expected NAME:VALUE"),
+        (["ws://127.0.0.1:1/", "--timeout", "0"], "expected a positive number of seconds, got '0'"),
+        (["ws://127.0.0.1:1/", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["ws://127.0.0.1:1/", "ws://127.0.0.1:2/"], "unrecognized arguments: ws://127.0.0.1:2/"),
+        (["wss://127.0.0.1:1/", "--cafile", "ca.pem", "--insecure"], "not allowed with argument --cafile"),
+    ],
+)
+def test_options_the_parser_refuses_are_one_clear_line(args: list[str], message: str) -> None:
+    assert_one_line_error(conformance(*args), message, "(see --help)")
 
 
 def test_wss_with_cafile_or_insecure(tls_runner: tuple[str, Path]) -> None:
@@ -499,8 +535,8 @@ def test_match_placeholders() -> None:
     """The matcher alone, without a runner: placeholders, exact keys, and JSON types."""
     bindings: dict[str, str] = {}
     match(
-        {"a": "<any>", "s": "<string>", "n": "<number>", "r": "<number:1..2>", "id": "<unique:c>"},
-        {"a": [1], "s": "x", "n": 1.5, "r": 2, "id": "call-1"},
+        {"a": "<any>", "s": "<string>", "n": "<number>", "r": "<number:1..2>", "id": "<unique:c>", "o": "<one-of:x|y>"},
+        {"a": [1], "s": "x", "n": 1.5, "r": 2, "id": "call-1", "o": "y"},
         bindings,
     )
     assert bindings == {"c": "call-1"}
@@ -512,6 +548,9 @@ def test_match_placeholders() -> None:
         ("<number>", "1"),
         ("<string>", 1),
         ("<number:..0>", 1),
+        ("<one-of:x|y>", "z"),
+        ("<one-of:x|y>", "x|y"),
+        ("<one-of:1|2>", 1),
         (1, True),
         (0, False),
         ({"a": 1}, {"a": 1, "b": 2}),
