@@ -188,6 +188,43 @@ def test_a_crashed_upstream_is_a_tool_error(daemon: Daemon, tmp_path: Path) -> N
     assert crashed["error"]["code"] == "tool_error" and after["result"] == "caught"
 
 
+def test_a_wrapped_server_that_goes_away_mid_call_fails_its_own_tools_only(
+    daemon: Daemon, upstream: StdioServerParameters, tmp_path: Path
+) -> None:
+    """A wrapped HTTP server killed while a program calls it: that call and the later ones of its tools
+    are tool errors saying it is gone; the other servers' tools, and code mode, go on."""
+    port = free_port()
+    config = tmp_path / "servers.json"
+    web, local = {"url": f"http://127.0.0.1:{port}/mcp"}, {"command": upstream.command, "args": upstream.args}
+    config.write_text(json.dumps({"mcpServers": {"web": web, "local": local}}))
+    argv = command(config, daemon)
+    with listening([upstream.command, *upstream.args, str(port)], port) as web_server:
+
+        async def kill_the_server(done: float, total: float | None, message: str | None) -> None:
+            if message == "calling web.slow_echo":
+                web_server.kill()
+
+        async def main() -> list[Any]:
+            async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
+                killed = await client.call_tool(
+                    "execute_code",
+                    {"code": "await web.slow_echo({text: 'x', seconds: 30})"},
+                    progress_callback=kill_the_server,
+                )
+                codes = ["await web.add({a: 1, b: 2})", "await local.add({a: 1, b: 3})"]
+                return [killed, *[await client.call_tool("execute_code", {"code": code}) for code in codes]]
+
+        killed, later, other = run(main)
+    gone = "its MCP server closed the connection (it exited or went away); restart code mode to reconnect"
+    assert killed.is_error and later.is_error
+    assert killed.structured_content["error"] == {
+        "code": "tool_error",
+        "message": f"Tool slow-echo is unavailable: {gone}",
+    }
+    assert later.structured_content["error"] == {"code": "tool_error", "message": f"Tool add is unavailable: {gone}"}
+    assert other.structured_content["result"] == {"result": 4}
+
+
 def test_bounds_on_tool_calls_and_result_size(daemon: Daemon, upstream: StdioServerParameters) -> None:
     async def main() -> tuple[Any, Any, str]:
         async with Client(upstream) as client:

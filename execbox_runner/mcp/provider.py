@@ -21,6 +21,7 @@ from typing import Any
 import mcp_types
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 from ..client import ApprovalRequest, Tool, ToolError
 
@@ -89,6 +90,9 @@ def as_tool(
                 tool.name, arguments if arguments is not None else {}, call_timeout, progress_callback=progress
             )
         except MCPError as exc:  # a JSON-RPC error: unknown tool, invalid params, a timeout, a lost connection
+            if exc.code == CONNECTION_CLOSED:  # for good: say so, or a model retries "Connection closed"
+                gone = "its MCP server closed the connection (it exited or went away); restart code mode to reconnect"
+                raise ToolError("tool_error", f"Tool {tool.name} is unavailable: {gone}") from None
             raise ToolError("tool_error", exc.message) from None
         return result_json(tool.name, result, parse_json_text=parse_json_text)
 
