@@ -6,6 +6,7 @@ Everything listens on 127.0.0.1 and every wait is bounded.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import socket
@@ -498,6 +499,50 @@ def test_execute_code_streams_its_progress_and_parses_json_text(daemon: Daemon, 
     ]
     assert messages[6:] == [f"files are {'string' if keep else 'object'}"]
     assert [done for done, _ in seen] == list(range(1, len(seen) + 1))  # progress only grows
+
+
+CONTENT = '''
+import mcp_types
+from mcp.server.mcpserver.utilities.types import Image
+
+@server.tool()
+def chart() -> list:
+    """A caption and a picture."""
+    return ["sales by month", Image(data=b"not really a png", format="png")]
+
+@server.tool()
+def attachment() -> mcp_types.CallToolResult:
+    """A file as an embedded resource."""
+    body = mcp_types.TextResourceContents(uri="file:///notes.txt", mime_type="text/plain", text="buy milk")
+    return mcp_types.CallToolResult(content=[mcp_types.EmbeddedResource(type="resource", resource=body)])
+
+'''
+
+
+def test_images_and_resources_reach_the_program_as_content_blocks(daemon: Daemon, tmp_path: Path) -> None:
+    """A result with more than text reaches the guest whole, as its MCP content blocks, and the
+    declarations say so; before, the guest got only the text ("" for a lone image or resource)."""
+    script = tmp_path / "content.py"
+    script.write_text(UPSTREAM.replace("if len(sys.argv) > 1:", CONTENT + "if len(sys.argv) > 1:"))
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"up": {"command": sys.executable, "args": [str(script)]}}}))
+    argv = command(config, daemon)
+
+    async def main() -> tuple[str, Any]:
+        async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
+            found = await client.call_tool("search_tools", {"query": "picture"})
+            code = "const [caption, picture] = await up.chart(); [caption.text, picture, await up.attachment()]"
+            return found.content[0].text, (await client.call_tool("execute_code", {"code": code})).structured_content
+
+    found, body = run(main)
+    assert "function chart(" in found and "a result with images or resources is its MCP content blocks" in found
+    assert body["ok"], body
+    caption, picture, attachment = body["result"]
+    assert caption == "sales by month"
+    assert picture == {"type": "image", "data": base64.b64encode(b"not really a png").decode(), "mimeType": "image/png"}
+    assert attachment == [
+        {"type": "resource", "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "buy milk"}}
+    ]
 
 
 @pytest.mark.parametrize(
