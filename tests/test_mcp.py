@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -357,6 +359,35 @@ def test_sigterm_stops_the_local_runner_and_the_wrapped_servers(servers_json: Pa
         assert len(children) == 2  # the private runner (Runner.local()) and the wrapped stdio server
         process.terminate()
         assert process.wait(timeout=30) == 0
+    assert [process_state(pid) for pid in children] == ["gone", "gone"]
+
+
+def test_a_private_runner_that_dies_is_started_again(servers_json: Path) -> None:
+    """The private runner killed between two calls: the next execute_code starts another and runs
+    (before, every call failed with runner_unavailable until code mode was restarted); SIGTERM
+    still stops them all."""
+    port = free_port()
+    argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(servers_json), "--transport", "http"]
+    with listening([*argv, "--port", str(port)], port) as process:
+
+        def runners() -> list[int]:
+            return [pid for pid in children_of(process.pid) if b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+        async def main() -> list[Any]:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                first = await client.call_tool("execute_code", {"code": "1"})
+                (runner,) = runners()
+                os.kill(runner, signal.SIGKILL)
+                second = await client.call_tool("execute_code", {"code": "2"})
+                return [first.structured_content, second.structured_content, runner]
+
+        first, second, killed = run(main)
+        restarted = runners()
+        children = children_of(process.pid)
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+    assert first["result"] == 1 and second["ok"], second
+    assert second["result"] == 2 and len(restarted) == 1 and restarted != [killed]
     assert [process_state(pid) for pid in children] == ["gone", "gone"]
 
 
