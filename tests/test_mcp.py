@@ -436,9 +436,12 @@ def test_a_bad_url_is_a_usage_error_and_a_failed_execution_names_its_reason(tmp_
 
     failed = run(main)
     assert failed.is_error
-    assert json.loads(failed.content[0].text)["error"] == {
-        "code": "runner_unavailable",
-        "message": f"cannot connect to ws://127.0.0.1:{port}/: connection refused (nothing listens on 127.0.0.1:{port})",
+    reason = f"cannot connect to ws://127.0.0.1:{port}/: connection refused (nothing listens on 127.0.0.1:{port})"
+    assert json.loads(failed.content[0].text) == {  # the shape of every answer, result and logs too
+        "ok": False,
+        "result": None,
+        "error": {"code": "runner_unavailable", "message": reason},
+        "logs": [],
     }
 
 
@@ -446,9 +449,13 @@ def test_any_failure_of_execute_code_is_its_result_with_the_reason() -> None:
     code_mode = CodeMode(Runner.local(), {})  # never started: every execution fails, though not as a RunnerError
     failed = run(lambda: code_mode.execute_code("1"))
     assert failed.is_error
-    assert json.loads(failed.content[0].text)["error"] == {
-        "code": "internal_error",
-        "message": "start the local runner first: `with Runner.local() as runner:` (or `async with`)",
+    reason = "start the local runner first: `with Runner.local() as runner:` (or `async with`)"
+    assert failed.structured_content == json.loads(failed.content[0].text)
+    assert failed.structured_content == {
+        "ok": False,
+        "result": None,
+        "error": {"code": "internal_error", "message": reason},
+        "logs": [],
     }
 
 
