@@ -362,6 +362,60 @@ def test_sigterm_stops_the_local_runner_and_the_wrapped_servers(servers_json: Pa
     assert [process_state(pid) for pid in children] == ["gone", "gone"]
 
 
+WAITING = '''
+import anyio
+
+@server.tool()
+async def wait_forever(record: str) -> str:
+    """Waits until cancelled, and writes down that it was."""
+    try:
+        await anyio.sleep_forever()
+    finally:
+        with open(record, "w") as file:
+            file.write("cancelled")
+    return "never"
+
+'''
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["initialize handshake", "stateless"])
+def test_a_cancelled_request_cancels_the_execution_and_its_tool_calls(
+    daemon: Daemon, tmp_path: Path, mode: str
+) -> None:
+    """The MCP client gives up on execute_code (notifications/cancelled): the program ends, and the
+    wrapped tool it waits on is cancelled too, long before the execution's time is up."""
+    script = tmp_path / "waiting.py"
+    script.write_text(UPSTREAM.replace("if len(sys.argv) > 1:", WAITING + "if len(sys.argv) > 1:"))
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"up": {"command": sys.executable, "args": [str(script)]}}}))
+    argv = command(config, daemon, "--timeout-ms", "300000")
+    record = tmp_path / "record"
+
+    async def main() -> Any:
+        async with Client(StdioServerParameters(command=argv[0], args=argv[1:]), mode=mode) as client:
+            calling = anyio.Event()
+
+            async def progress(done: float, total: float | None, message: str | None) -> None:
+                if message == "calling up.wait_forever":
+                    calling.set()
+
+            async def give_up() -> None:
+                await calling.wait()
+                tasks.cancel_scope.cancel()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(give_up)
+                code = f"await up.wait_forever({{record: {json.dumps(str(record))}}})"
+                await client.call_tool("execute_code", {"code": code}, progress_callback=progress)
+            with anyio.fail_after(30):
+                while not record.exists():
+                    await anyio.sleep(0.05)
+            return (await client.call_tool("execute_code", {"code": "'still serving'"})).structured_content
+
+    after = run(main)
+    assert record.read_text() == "cancelled" and after["result"] == "still serving"
+
+
 def test_a_private_runner_that_dies_is_started_again(servers_json: Path) -> None:
     """The private runner killed between two calls: the next execute_code starts another and runs
     (before, every call failed with runner_unavailable until code mode was restarted); SIGTERM
