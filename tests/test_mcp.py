@@ -6,8 +6,11 @@ Everything listens on 127.0.0.1 and every wait is bounded.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -188,6 +191,43 @@ def test_a_crashed_upstream_is_a_tool_error(daemon: Daemon, tmp_path: Path) -> N
     assert crashed["error"]["code"] == "tool_error" and after["result"] == "caught"
 
 
+def test_a_wrapped_server_that_goes_away_mid_call_fails_its_own_tools_only(
+    daemon: Daemon, upstream: StdioServerParameters, tmp_path: Path
+) -> None:
+    """A wrapped HTTP server killed while a program calls it: that call and the later ones of its tools
+    are tool errors saying it is gone; the other servers' tools, and code mode, go on."""
+    port = free_port()
+    config = tmp_path / "servers.json"
+    web, local = {"url": f"http://127.0.0.1:{port}/mcp"}, {"command": upstream.command, "args": upstream.args}
+    config.write_text(json.dumps({"mcpServers": {"web": web, "local": local}}))
+    argv = command(config, daemon)
+    with listening([upstream.command, *upstream.args, str(port)], port) as web_server:
+
+        async def kill_the_server(done: float, total: float | None, message: str | None) -> None:
+            if message == "calling web.slow_echo":
+                web_server.kill()
+
+        async def main() -> list[Any]:
+            async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
+                killed = await client.call_tool(
+                    "execute_code",
+                    {"code": "await web.slow_echo({text: 'x', seconds: 30})"},
+                    progress_callback=kill_the_server,
+                )
+                codes = ["await web.add({a: 1, b: 2})", "await local.add({a: 1, b: 3})"]
+                return [killed, *[await client.call_tool("execute_code", {"code": code}) for code in codes]]
+
+        killed, later, other = run(main)
+    gone = "its MCP server closed the connection (it exited or went away); restart code mode to reconnect"
+    assert killed.is_error and later.is_error
+    assert killed.structured_content["error"] == {
+        "code": "tool_error",
+        "message": f"Tool slow-echo is unavailable: {gone}",
+    }
+    assert later.structured_content["error"] == {"code": "tool_error", "message": f"Tool add is unavailable: {gone}"}
+    assert other.structured_content["result"] == {"result": 4}
+
+
 def test_bounds_on_tool_calls_and_result_size(daemon: Daemon, upstream: StdioServerParameters) -> None:
     async def main() -> tuple[Any, Any, str]:
         async with Client(upstream) as client:
@@ -322,6 +362,89 @@ def test_sigterm_stops_the_local_runner_and_the_wrapped_servers(servers_json: Pa
     assert [process_state(pid) for pid in children] == ["gone", "gone"]
 
 
+WAITING = '''
+import anyio
+
+@server.tool()
+async def wait_forever(record: str) -> str:
+    """Waits until cancelled, and writes down that it was."""
+    try:
+        await anyio.sleep_forever()
+    finally:
+        with open(record, "w") as file:
+            file.write("cancelled")
+    return "never"
+
+'''
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["initialize handshake", "stateless"])
+def test_a_cancelled_request_cancels_the_execution_and_its_tool_calls(
+    daemon: Daemon, tmp_path: Path, mode: str
+) -> None:
+    """The MCP client gives up on execute_code (notifications/cancelled): the program ends, and the
+    wrapped tool it waits on is cancelled too, long before the execution's time is up."""
+    script = tmp_path / "waiting.py"
+    script.write_text(UPSTREAM.replace("if len(sys.argv) > 1:", WAITING + "if len(sys.argv) > 1:"))
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"up": {"command": sys.executable, "args": [str(script)]}}}))
+    argv = command(config, daemon, "--timeout-ms", "300000")
+    record = tmp_path / "record"
+
+    async def main() -> Any:
+        async with Client(StdioServerParameters(command=argv[0], args=argv[1:]), mode=mode) as client:
+            calling = anyio.Event()
+
+            async def progress(done: float, total: float | None, message: str | None) -> None:
+                if message == "calling up.wait_forever":
+                    calling.set()
+
+            async def give_up() -> None:
+                await calling.wait()
+                tasks.cancel_scope.cancel()
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(give_up)
+                code = f"await up.wait_forever({{record: {json.dumps(str(record))}}})"
+                await client.call_tool("execute_code", {"code": code}, progress_callback=progress)
+            with anyio.fail_after(30):
+                while not record.exists():
+                    await anyio.sleep(0.05)
+            return (await client.call_tool("execute_code", {"code": "'still serving'"})).structured_content
+
+    after = run(main)
+    assert record.read_text() == "cancelled" and after["result"] == "still serving"
+
+
+def test_a_private_runner_that_dies_is_started_again(servers_json: Path) -> None:
+    """The private runner killed between two calls: the next execute_code starts another and runs
+    (before, every call failed with runner_unavailable until code mode was restarted); SIGTERM
+    still stops them all."""
+    port = free_port()
+    argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(servers_json), "--transport", "http"]
+    with listening([*argv, "--port", str(port)], port) as process:
+
+        def runners() -> list[int]:
+            return [pid for pid in children_of(process.pid) if b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+        async def main() -> list[Any]:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                first = await client.call_tool("execute_code", {"code": "1"})
+                (runner,) = runners()
+                os.kill(runner, signal.SIGKILL)
+                second = await client.call_tool("execute_code", {"code": "2"})
+                return [first.structured_content, second.structured_content, runner]
+
+        first, second, killed = run(main)
+        restarted = runners()
+        children = children_of(process.pid)
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+    assert first["result"] == 1 and second["ok"], second
+    assert second["result"] == 2 and len(restarted) == 1 and restarted != [killed]
+    assert [process_state(pid) for pid in children] == ["gone", "gone"]
+
+
 def test_without_the_extra_nothing_imports_mcp() -> None:
     code = "import sys, execbox_runner.cli, execbox_runner.mcp.cli; print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
@@ -367,9 +490,12 @@ def test_a_bad_url_is_a_usage_error_and_a_failed_execution_names_its_reason(tmp_
 
     failed = run(main)
     assert failed.is_error
-    assert json.loads(failed.content[0].text)["error"] == {
-        "code": "runner_unavailable",
-        "message": f"cannot connect to ws://127.0.0.1:{port}/: connection refused (nothing listens on 127.0.0.1:{port})",
+    reason = f"cannot connect to ws://127.0.0.1:{port}/: connection refused (nothing listens on 127.0.0.1:{port})"
+    assert json.loads(failed.content[0].text) == {  # the shape of every answer, result and logs too
+        "ok": False,
+        "result": None,
+        "error": {"code": "runner_unavailable", "message": reason},
+        "logs": [],
     }
 
 
@@ -377,9 +503,13 @@ def test_any_failure_of_execute_code_is_its_result_with_the_reason() -> None:
     code_mode = CodeMode(Runner.local(), {})  # never started: every execution fails, though not as a RunnerError
     failed = run(lambda: code_mode.execute_code("1"))
     assert failed.is_error
-    assert json.loads(failed.content[0].text)["error"] == {
-        "code": "internal_error",
-        "message": "start the local runner first: `with Runner.local() as runner:` (or `async with`)",
+    reason = "start the local runner first: `with Runner.local() as runner:` (or `async with`)"
+    assert failed.structured_content == json.loads(failed.content[0].text)
+    assert failed.structured_content == {
+        "ok": False,
+        "result": None,
+        "error": {"code": "internal_error", "message": reason},
+        "logs": [],
     }
 
 
@@ -461,6 +591,50 @@ def test_execute_code_streams_its_progress_and_parses_json_text(daemon: Daemon, 
     ]
     assert messages[6:] == [f"files are {'string' if keep else 'object'}"]
     assert [done for done, _ in seen] == list(range(1, len(seen) + 1))  # progress only grows
+
+
+CONTENT = '''
+import mcp_types
+from mcp.server.mcpserver.utilities.types import Image
+
+@server.tool()
+def chart() -> list:
+    """A caption and a picture."""
+    return ["sales by month", Image(data=b"not really a png", format="png")]
+
+@server.tool()
+def attachment() -> mcp_types.CallToolResult:
+    """A file as an embedded resource."""
+    body = mcp_types.TextResourceContents(uri="file:///notes.txt", mime_type="text/plain", text="buy milk")
+    return mcp_types.CallToolResult(content=[mcp_types.EmbeddedResource(type="resource", resource=body)])
+
+'''
+
+
+def test_images_and_resources_reach_the_program_as_content_blocks(daemon: Daemon, tmp_path: Path) -> None:
+    """A result with more than text reaches the guest whole, as its MCP content blocks, and the
+    declarations say so; before, the guest got only the text ("" for a lone image or resource)."""
+    script = tmp_path / "content.py"
+    script.write_text(UPSTREAM.replace("if len(sys.argv) > 1:", CONTENT + "if len(sys.argv) > 1:"))
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"up": {"command": sys.executable, "args": [str(script)]}}}))
+    argv = command(config, daemon)
+
+    async def main() -> tuple[str, Any]:
+        async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
+            found = await client.call_tool("search_tools", {"query": "picture"})
+            code = "const [caption, picture] = await up.chart(); [caption.text, picture, await up.attachment()]"
+            return found.content[0].text, (await client.call_tool("execute_code", {"code": code})).structured_content
+
+    found, body = run(main)
+    assert "function chart(" in found and "a result with images or resources is its MCP content blocks" in found
+    assert body["ok"], body
+    caption, picture, attachment = body["result"]
+    assert caption == "sales by month"
+    assert picture == {"type": "image", "data": base64.b64encode(b"not really a png").decode(), "mimeType": "image/png"}
+    assert attachment == [
+        {"type": "resource", "resource": {"uri": "file:///notes.txt", "mimeType": "text/plain", "text": "buy milk"}}
+    ]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ knows (passed in the environment, so it is not in the process listing). Other
 the environment can widen who may use it. It gets its own session, so a Ctrl-C
 at the terminal reaches this process, whose context manager stops it by PID.
 One daemon process (not one per core) is plenty for one host process and
-starts faster; ``daemon_args`` can say otherwise.
+starts faster; ``daemon_args`` can say otherwise. A daemon that exits while in use (killed,
+crashed) is started again by the next execution, so one failure does not end the host's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import IO, Final
@@ -38,6 +40,8 @@ class LocalDaemon:
         self.startup_timeout = startup_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
+        self._endpoint: tuple[str, str] = ("", "")
+        self._lock = threading.RLock()  # a restart and a stop, one at a time
 
     def start(self) -> tuple[str, str]:
         """Start the daemon and wait until it is ready; its URL and token. Stops it again on any failure."""
@@ -61,24 +65,40 @@ class LocalDaemon:
         except BaseException:
             self.stop()
             raise
-        return url, token
+        self._endpoint = url, token
+        return self._endpoint
+
+    def exited(self) -> bool:
+        """Whether the daemon, once started, has exited since (killed, crashed) without ``stop``."""
+        process = self._process
+        return process is not None and process.poll() is not None
+
+    def restarted(self) -> tuple[str, str]:
+        """Start the daemon again if it has exited; its URL and token either way. Executions that
+        find it gone at the same time start one daemon between them."""
+        with self._lock:
+            if self.exited():
+                self.stop()
+                self.start()
+            return self._endpoint
 
     def stop(self) -> None:
         """SIGTERM (a graceful drain), then SIGKILL if it lingers; safe to call twice."""
-        process, self._process = self._process, None
-        if process is not None:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=STOP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+        with self._lock:
+            process, self._process = self._process, None
+            if process is not None:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+                    try:
+                        process.wait(timeout=STOP_TIMEOUT_S)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait()
+                if process.stdout is not None:
+                    process.stdout.close()
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
 
     def _listening_url(self, deadline: float) -> str:
         """The URL from the daemon's first stdout line, read without blocking past the deadline."""

@@ -112,7 +112,8 @@ class Runner:
 
     @classmethod
     def local(cls, *, daemon_args: tuple[str, ...] = (), startup_timeout: float = 60.0) -> Runner:
-        """A private daemon for this process, started on entering the context and stopped on leaving it.
+        """A private daemon for this process, started on entering the context and stopped on leaving it,
+        and started again by the next execution if it exits in between (killed, crashed).
 
         ``daemon_args`` are extra ``execbox-runner serve`` flags, for example
         ``("--profile", "hardened")``.
@@ -204,10 +205,13 @@ class Runner:
             return result
 
     async def _open(self, headers: tuple[tuple[str, str], ...]) -> WebSocket:
-        """The execution's connection; a busy or over-quota refusal retried as ``retries`` says."""
+        """The execution's connection; a busy or over-quota refusal retried as ``retries`` says, and
+        a private daemon that has exited started again first."""
         attempt = 0
         while True:
             try:
+                if self._daemon is not None and self.url and self._daemon.exited():
+                    self._started(await anyio.to_thread.run_sync(self._daemon.restarted))
                 return await WebSocket.open(
                     self._url(),
                     token=self.token,

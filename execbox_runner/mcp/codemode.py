@@ -133,10 +133,10 @@ class CodeMode:
         try:
             result = await self._run(code, say)
         except RunnerError as exc:
-            body: dict[str, Any] = {"ok": False, "error": {"code": "runner_unavailable", "message": str(exc)}}
+            body = _failed("runner_unavailable", str(exc))
         except Exception as exc:  # anything else too reaches the MCP client with its reason
             log.debug("execute_code failed", exc_info=True)
-            body = {"ok": False, "error": {"code": "internal_error", "message": described(exc)}}
+            body = _failed("internal_error", described(exc))
         else:
             error = None if result.error is None else {"code": result.error.code, "message": result.error.message}
             body = {"ok": result.ok, "result": result.result, "error": error, "logs": result.logs}
@@ -170,6 +170,11 @@ class CodeMode:
                 elif isinstance(event, DoneEvent):
                     return event.result
         raise AssertionError("the events of an execution end with its DoneEvent")  # pragma: no cover
+
+
+def _failed(code: str, message: str) -> dict[str, Any]:
+    """The answer of an execution that did not run to its end, in the shape of every other."""
+    return {"ok": False, "result": None, "error": {"code": code, "message": message}, "logs": []}
 
 
 def _counted(namespaces: Mapping[str, Mapping[str, Tool]], limit: int) -> dict[str, dict[str, Tool]]:

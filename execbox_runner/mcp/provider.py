@@ -4,7 +4,8 @@ Each MCP tool becomes a client ``Tool`` with the server's own JSON Schemas, so
 the client checks the guest's input before any call reaches the server and
 renders the schemas into the ``types`` a model reads. Results come back as
 JSON: the structured content when the server gave one, else the text, parsed when it is one JSON
-object or array (most servers return JSON that way), unless ``parse_json_text`` is off.
+object or array (most servers return JSON that way), unless ``parse_json_text`` is off; a result
+with images or resources is its list of MCP content blocks.
 
 A call's progress notifications go to ``upstream_progress``, which code mode sets for the length
 of one ``execute_code``, so an MCP client sees a wrapped tool's progress as that call's.
@@ -21,6 +22,7 @@ from typing import Any
 import mcp_types
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
 from ..client import ApprovalRequest, Tool, ToolError
 
@@ -89,6 +91,9 @@ def as_tool(
                 tool.name, arguments if arguments is not None else {}, call_timeout, progress_callback=progress
             )
         except MCPError as exc:  # a JSON-RPC error: unknown tool, invalid params, a timeout, a lost connection
+            if exc.code == CONNECTION_CLOSED:  # for good: say so, or a model retries "Connection closed"
+                gone = "its MCP server closed the connection (it exited or went away); restart code mode to reconnect"
+                raise ToolError("tool_error", f"Tool {tool.name} is unavailable: {gone}") from None
             raise ToolError("tool_error", exc.message) from None
         return result_json(tool.name, result, parse_json_text=parse_json_text)
 
@@ -115,7 +120,8 @@ def _described(tool: mcp_types.Tool, parse_json_text: bool) -> str | None:
     description = tool.description or tool.title
     if tool.output_schema is not None:
         return description
-    returns = "its text, parsed when it is one JSON object or array" if parse_json_text else "its text, a string"
+    text = "its text, parsed when it is one JSON object or array" if parse_json_text else "its text, a string"
+    returns = f"{text}; a result with images or resources is its MCP content blocks, [{{type, ...}}]"
     return f"{description}\n\nReturns {returns}." if description else f"Returns {returns}."
 
 
@@ -138,13 +144,17 @@ async def _progress(
 def result_json(name: str, result: mcp_types.CallToolResult, *, parse_json_text: bool = True) -> Any:
     """The JSON value of a tool result: its structured content, else its text, parsed when it is
     exactly one JSON object or array and ``parse_json_text`` is on (other text stays a string:
-    ``"42"`` from a server is as likely words as a number). ``is_error`` raises ``tool_error``
-    with the server's message."""
+    ``"42"`` from a server is as likely words as a number), else, when it has other content
+    (images, audio, resources), its content blocks as MCP's JSON (``[{"type": "image", "data",
+    "mimeType"}, ...]``): text alone would lose them. ``is_error`` raises ``tool_error`` with the
+    server's message."""
     text = "\n".join(block.text for block in result.content if isinstance(block, mcp_types.TextContent))
     if result.is_error:
         raise ToolError("tool_error", text or f"Tool {name} failed")
     if result.structured_content is not None:
         return result.structured_content
+    if not all(isinstance(block, mcp_types.TextContent) for block in result.content):
+        return [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
     if parse_json_text and text.lstrip()[:1] in ("{", "["):
         try:
             return json.loads(text, parse_constant=_not_json)

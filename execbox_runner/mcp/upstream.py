@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -16,6 +17,8 @@ from mcp_types import CONNECTION_CLOSED
 
 from .config import UpstreamServer
 from .failures import described, innermost
+
+log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
@@ -34,7 +37,7 @@ async def connect_upstreams(
             client = Client(await _transport(server, stack), read_timeout_seconds=startup_timeout)
             try:
                 with anyio.fail_after(startup_timeout):
-                    sessions[name] = await holders.start(_hold, client)
+                    sessions[name] = await holders.start(_hold, name, client)
             except TimeoutError:
                 raise ConnectionError(
                     f"MCP server {name!r} did not start: it did not complete the MCP handshake within"
@@ -46,12 +49,23 @@ async def connect_upstreams(
         holders.cancel_scope.cancel()
 
 
-async def _hold(client: Client, *, task_status: TaskStatus[ClientSession]) -> None:
+async def _hold(name: str, client: Client, *, task_status: TaskStatus[ClientSession]) -> None:
     """Connect ``client`` and keep it open until cancelled: its task, not the caller's, holds the SDK's
-    task groups, so the caller can give up on a handshake that takes too long."""
-    async with client:
-        task_status.started(client.session)
-        await anyio.sleep_forever()
+    task groups, so the caller can give up on a handshake that takes too long.
+
+    A connection that fails once connected (the server went away) is logged, not raised: it
+    would end the task group, and with it every other server and code mode itself. Its tools'
+    calls then fail, each with its own ``tool_error``."""
+    connected = False
+    try:
+        async with client:
+            task_status.started(client.session)
+            connected = True
+            await anyio.sleep_forever()
+    except Exception as exc:
+        if not connected:
+            raise
+        log.warning("MCP server %r is gone: %s", name, described(exc))
 
 
 def _why(server: UpstreamServer, exc: BaseException) -> str:
