@@ -409,6 +409,19 @@ def test_a_signal_while_workers_keep_failing_to_start_stops_the_daemon(tmp_path:
     assert log.read_text().count("received SIGTERM before the daemon was ready: stopping") == int(processes)
 
 
+def test_a_worker_that_cannot_start_says_why(tmp_path: Path) -> None:
+    # Its stderr is closed by then: the daemon's line carries what the worker reported.
+    with never_ready(tmp_path, "--log-format", "json") as (_, log):
+        failed = next(json.loads(line) for line in log.read_text().splitlines() if "failed to start" in line)
+    assert failed["level"] == "warning" and failed["exit_reason"] == "exit_1"
+    hard_limit = f"(hard limit {4 << 30})"
+    assert (
+        failed["start_failure"].startswith("OSError: cannot set RLIMIT_AS to ")
+        and hard_limit in failed["start_failure"]
+    )
+    assert f"failed to start ({failed['start_failure']}): exited on its own with status 1" in failed["message"]
+
+
 def test_a_shard_not_yet_ready_stops_when_its_supervisor_dies(tmp_path: Path) -> None:
     with never_ready(tmp_path, "--processes", "2") as (process, log):
         shards = children_of(process.pid)
