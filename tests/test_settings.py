@@ -67,6 +67,7 @@ MISCONFIGURATIONS = [
     (["--port", "-1"], "must be a port number 0-65535"),
     (["--port", "http"], "must be a port number"),
     (["--processes", "-1"], "invalid --processes '-1': must be an integer >= 0"),
+    (["--processes", "100000"], "invalid --processes '100000': must be an integer >= 0 and <= 256"),
     (["--max-sessions", "-5"], "must be an integer >= 0"),
     (["--memory-budget-bytes", "-1"], "must be an integer >= 0"),
     (["--max-executions-per-worker", "-1"], "must be an integer >= 0"),
