@@ -10,7 +10,9 @@ a second signal is forwarded too, and stops them at once), restarts a shard
 that dies (a second later, as often as it dies), and exits 0 when every shard
 drained cleanly, else 1. A signal before every shard listens stops those started
 (a shard not yet ready stops at once) and starts no other: exit 0, as a lone
-daemon's. Each shard also stops if the supervisor dies, even while it starts. Shards share a
+daemon's. Each shard also stops if the supervisor dies, even while it starts. A
+shard that exits before it first listens (its port taken, say) has said why in
+one line: the supervisor stops the others and exits with its status. Shards share a
 metrics directory, so ``/metrics`` from any of them covers all of them; with
 ``--metrics-port`` they share that port too, the same way, so the supervisor
 itself serves nothing. Each shard logs its own start-up line, with its share.
@@ -165,7 +167,8 @@ class Supervisor:
                 shard = self.shards[index]
                 assert shard is not None
                 if not url and self.stopping is None:
-                    raise OSError(f"daemon process {index} exited with status {await shard.wait()} before listening")
+                    await self._failed_start(index, shard)
+                    return
                 nursery.start_soon(self._keep, index, port)
                 if not url:  # stopped by a signal as it started: start no other
                     return
@@ -173,6 +176,19 @@ class Supervisor:
             self.ready = True
             print(listening_line(url), flush=True)
             log.info("serving %s with %d daemon processes", url, self.count)
+
+    async def _failed_start(self, index: int, shard: trio.Process) -> None:
+        """Shard ``index`` exited before it listened: stop those started, and exit with its status.
+        It said why in one line (the CLI's rule), unless a signal ended it: then we do."""
+        status = await shard.wait()
+        if status < 0:
+            name = signal.Signals(-status).name
+            print(f"execbox-runner: daemon process {index} died of {name} before listening", file=sys.stderr)
+        self.status = status if status > 0 else 1
+        self.stopping = signal.SIGTERM
+        for started in self._owned():
+            if started.returncode is None:
+                started.send_signal(signal.SIGTERM)
 
     def _stopped(self) -> bool:
         return self.stopping is not None
