@@ -156,6 +156,26 @@ def test_sigterm_drains_lets_short_work_finish_and_cancels_the_rest() -> None:
         assert d.process.wait(timeout=20) == 0
 
 
+def test_the_drain_closes_connections_still_in_their_handshake_without_waiting_for_them() -> None:
+    """Once the grace is over, a connection that has sent nothing, or part of a request, is closed
+    at once, while the drain still waits for a session's closing handshake."""
+    with running_daemon("--drain-grace", "0", "--handshake-timeout", "600", "--close-timeout", "600") as d:
+        port = int(d.url.rsplit(":", 1)[1].strip("/"))
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=20) as session,
+            socket.create_connection(("127.0.0.1", port), timeout=20) as silent,
+            socket.create_connection(("127.0.0.1", port), timeout=20) as partial,
+        ):
+            session.sendall(UPGRADE)
+            assert session.recv(4096).startswith(b"HTTP/1.1 101")
+            partial.sendall(UPGRADE[:40])
+            d.process.send_signal(signal.SIGTERM)
+            assert session.recv(4096).startswith(b"\x88")  # 1001: the daemon now waits for the host's close
+            assert until_closed(silent) == b"" and until_closed(partial) == b""
+            assert d.process.poll() is None  # still waiting for the session's closing handshake
+        assert d.process.wait(timeout=20) == 0
+
+
 # ------------------------------------------------------------------ authentication and TLS
 
 

@@ -6,6 +6,7 @@ with one line on stderr, for ``serve`` and ``info`` alike.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,20 @@ import pytest
 from execbox_runner.daemon import config, report, supervisor
 from execbox_runner.daemon.report import UNSAFE_SETTINGS
 
-from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon
+from .daemonkit import (
+    Daemon,
+    certificate,
+    children_of,
+    client,
+    execute,
+    process_state,
+    receive,
+    run_to_done,
+    running_daemon,
+)
 from .test_config import settings
 from .test_operations import metric
+from .test_supervisor import tree
 
 COMMAND_TIMEOUT_S = 60
 LOG_WAIT_S = 30.0
@@ -54,6 +67,7 @@ MISCONFIGURATIONS = [
     (["--port", "-1"], "must be a port number 0-65535"),
     (["--port", "http"], "must be a port number"),
     (["--processes", "-1"], "invalid --processes '-1': must be an integer >= 0"),
+    (["--processes", "100000"], "invalid --processes '100000': must be an integer >= 0 and <= 256"),
     (["--max-sessions", "-5"], "must be an integer >= 0"),
     (["--memory-budget-bytes", "-1"], "must be an integer >= 0"),
     (["--max-executions-per-worker", "-1"], "must be an integer >= 0"),
@@ -339,16 +353,17 @@ def test_a_second_sigterm_during_a_drain_stops_at_once(processes: str) -> None:
         wait_for_log(d, "again while draining: stopping at once", 1)
 
 
-def test_a_signal_while_workers_keep_failing_to_start_stops_the_daemon(tmp_path: Path) -> None:
-    # Workers cannot lower an address-space limit below their own backstop: each fails to start,
-    # and the daemon, never ready, replaces them until a signal stops it.
+@contextlib.contextmanager
+def never_ready(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """``serve`` whose workers can never start, once it has said one failed (then killed by PID if
+    it is still there): workers cannot lower an address-space limit below their own backstop."""
     limit = 4 << 30
 
     def limited() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     environment = {k: v for k, v in os.environ.items() if not k.startswith(config.ENV_PREFIX)}
-    argv = ["serve", "--port", "0", "--log-format", "text", "--memory-budget-bytes", str(4 * limit)]
+    argv = ["serve", "--port", "0", "--log-format", "text", "--memory-budget-bytes", str(4 * limit), *args]
     log = tmp_path / "stderr"
     with log.open("w") as stderr:
         process = subprocess.Popen(
@@ -364,11 +379,54 @@ def test_a_signal_while_workers_keep_failing_to_start_stops_the_daemon(tmp_path:
         while "failed to start" not in log.read_text():
             assert time.monotonic() < deadline and process.poll() is None, log.read_text()
             time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        out, _ = process.communicate(timeout=COMMAND_TIMEOUT_S)
+        yield process, log
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert process.returncode == 0, log.read_text()
-    assert out == "" and "received SIGTERM before the daemon was ready: stopping" in log.read_text()
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def wait_gone(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not gone, nor a zombie) after at most ``LOG_WAIT_S``."""
+    deadline = time.monotonic() + LOG_WAIT_S
+    while (left := [pid for pid in pids if process_state(pid) not in ("gone", "Z")]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_signal_while_workers_keep_failing_to_start_stops_the_daemon(tmp_path: Path, processes: str) -> None:
+    # The daemon (or the supervisor's first shard), never ready, replaces its workers until a
+    # signal stops it: at once, every process with it, and with status 0 (nothing to drain).
+    with never_ready(tmp_path, "--processes", processes) as (process, log):
+        descendants = tree(process.pid)
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=COMMAND_TIMEOUT_S)
+        assert process.returncode == 0, log.read_text()
+        assert not wait_gone(descendants), log.read_text()
+    assert out == ""
+    assert log.read_text().count("received SIGTERM before the daemon was ready: stopping") == int(processes)
+
+
+def test_a_worker_that_cannot_start_says_why(tmp_path: Path) -> None:
+    # Its stderr is closed by then: the daemon's line carries what the worker reported.
+    with never_ready(tmp_path, "--log-format", "json") as (_, log):
+        failed = next(json.loads(line) for line in log.read_text().splitlines() if "failed to start" in line)
+    assert failed["level"] == "warning" and failed["exit_reason"] == "exit_1"
+    hard_limit = f"(hard limit {4 << 30})"
+    assert (
+        failed["start_failure"].startswith("OSError: cannot set RLIMIT_AS to ")
+        and hard_limit in failed["start_failure"]
+    )
+    assert f"failed to start ({failed['start_failure']}): exited on its own with status 1" in failed["message"]
+
+
+def test_a_shard_not_yet_ready_stops_when_its_supervisor_dies(tmp_path: Path) -> None:
+    with never_ready(tmp_path, "--processes", "2") as (process, log):
+        shards = children_of(process.pid)
+        process.kill()
+        process.wait()
+        assert shards and not wait_gone(shards), log.read_text()
+    assert "received SIGTERM before the daemon was ready: stopping" in log.read_text()

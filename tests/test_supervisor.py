@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -122,3 +123,21 @@ def test_near_the_memory_budget_new_sessions_get_503() -> None:
         metrics = get(http(d.url, "/metrics"))[1]
         assert 'execbox_rejected_handshakes_total{reason="memory"} 1.0' in metrics
         assert "execbox_memory_used_bytes" in metrics
+
+
+def test_a_daemon_process_that_cannot_listen_stops_the_supervisor_with_its_one_line() -> None:
+    """The metrics port is the shards' to bind: taken, the first shard says so and exits 1, and so
+    does the supervisor, without a second line of its own."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = ["--port", "0", "--processes", "2", "--metrics-port", str(port), "--log-level", "ERROR"]
+        result = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "serve", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"execbox-runner: cannot serve on 127.0.0.1:{port}: Address already in use"]

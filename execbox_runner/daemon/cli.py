@@ -151,6 +151,8 @@ async def _serve_until_signalled(daemon: Daemon) -> int:
     ready = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+            if supervisor.is_shard():  # also while it starts: a shard never outlives its supervisor
+                nursery.start_soon(supervisor.watch_supervisor)
             nursery.start_soon(_start, daemon, nursery, ready)
             draining = False
             async for signum in signals:
@@ -177,8 +179,6 @@ async def _serve_until_signalled(daemon: Daemon) -> int:
 async def _start(daemon: Daemon, nursery: trio.Nursery, ready: trio.Event) -> None:
     """Start serving in ``nursery``, print the listening line, and set ``ready``."""
     host, port = await nursery.start(daemon.serve)
-    if supervisor.is_shard():
-        nursery.start_soon(supervisor.watch_supervisor)
     print(listening_line(url("wss" if daemon.tls is not None else "ws", host, port)), flush=True)
     ready.set()
 

@@ -42,8 +42,11 @@ PORTS: Final = frozenset({"port", "metrics_port"})
 # guests on at once. Far more cannot start (16,384 each with its 32 MiB stack fail with "can't
 # start new thread"), which left the daemon replacing workers forever, never ready.
 MAX_WORKER_THREADS: Final = 1024
+# Daemon processes of one supervisor: far more than the cores of any machine (each needs about two),
+# and few enough that a mistyped count does not start a process per number.
+MAX_PROCESSES: Final = 256
 # Numbers with an upper bound besides the ports'.
-MAXIMA: Final = {"worker_threads": MAX_WORKER_THREADS}
+MAXIMA: Final = {"worker_threads": MAX_WORKER_THREADS, "processes": MAX_PROCESSES}
 
 
 @dataclass(frozen=True)

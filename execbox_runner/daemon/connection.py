@@ -183,9 +183,12 @@ class Connection:
 
     def shutdown(self) -> None:
         """The daemon is stopping: cancel this session's execution (it gets its done), then close.
-        A connection still in its handshake is refused by then (503)."""
+        A connection still in its handshake (its request, whole, would get 503) is closed now:
+        the drain does not wait for its handshake timeout."""
         if self._counted:  # an open session (counted from its handshake to its end)
             self._guarded(self._perform, self.session.shutdown(self._reactor.now()))
+        elif self.ws is None:
+            self.abort()
 
     def has_sent(self) -> bool:
         """Whether the peer's bytes wait unread (for the handshake bound)."""

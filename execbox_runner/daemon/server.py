@@ -137,6 +137,13 @@ def handshake_limit(open_files: int) -> int:
     return max(1, min(MAX_HANDSHAKES, open_files // 4))
 
 
+def closing_time(settings: Settings) -> float:
+    """The longest a drain waits, once its grace is over, for the sessions to close: their
+    cancelled executions' ``done``, then the hosts' answers to the close frames (and a second
+    for the session records to be written)."""
+    return settings.cancel_grace + settings.close_timeout + 1
+
+
 class ConfigurationError(Exception):
     """Settings the daemon refuses to start with."""
 
@@ -501,6 +508,6 @@ class Daemon:
                 await trio.sleep(DRAIN_POLL_S)
         for connection in list(self.connections):
             connection.shutdown()
-        with trio.move_on_after(self.settings.cancel_grace + self.settings.close_timeout + 1):
+        with trio.move_on_after(closing_time(self.settings)):
             while self.connections or self.records_writing:
                 await trio.sleep(DRAIN_POLL_S)

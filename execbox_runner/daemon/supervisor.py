@@ -7,7 +7,12 @@ the kernel spreads new connections across them, and each has its own zygote
 and workers. The supervisor stays small: it prints the one URL, forwards
 SIGTERM/SIGINT (every shard drains, each execution still gets its ``done``;
 a second signal is forwarded too, and stops them at once), restarts a shard
-that dies, and exits 0 when every shard drained cleanly, else 1. Shards share a
+that dies (a second later, as often as it dies), and exits 0 when every shard
+drained cleanly, else 1. A signal before every shard listens stops those started
+(a shard not yet ready stops at once) and starts no other: exit 0, as a lone
+daemon's. Each shard also stops if the supervisor dies, even while it starts. A
+shard that exits before it first listens (its port taken, say) has said why in
+one line: the supervisor stops the others and exits with its status. Shards share a
 metrics directory, so ``/metrics`` from any of them covers all of them; with
 ``--metrics-port`` they share that port too, the same way, so the supervisor
 itself serves nothing. Each shard logs its own start-up line, with its share.
@@ -28,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from typing import Final
 
 import trio
@@ -40,7 +46,6 @@ from .startup import listening_line
 log = logging.getLogger(__name__)
 
 SHARD_ENV: Final = "EXECBOX_RUNNER_SHARD"  # "INDEX/COUNT", set for shards only
-STARTUP_TIMEOUT_S: Final = 120.0
 RESTART_PAUSE_S: Final = 1.0
 SUPERVISOR_POLL_S: Final = 0.5
 
@@ -106,82 +111,124 @@ class Supervisor:
         self.settings = settings
         self.count = count
         self.metrics_dir = tempfile.mkdtemp(prefix="execbox-runner-metrics-")
-        self.draining = False
+        self.ready = False  # every shard listens, and the URL is printed
+        self.stopping: int | None = None  # the signal last forwarded: no shard is started or restarted
+        self.forced = False  # a second signal came during a drain
         self.status = 0
         self.shards: list[trio.Process | None] = [None] * count
 
     async def run(self) -> int:
+        """Start the shards, keep them, and stop with them on a signal; the exit status.
+
+        Signals are read from the start, as a lone daemon reads them: one that comes before every
+        shard listens is forwarded to those started (each stops at once, or drains if it already
+        listens), no other is started, and the supervisor exits 0 once they have exited."""
         reaper.become_subreaper()  # a dead shard's zygote and workers come back to us, to reap
-        with reserve_port(self.settings.host, self.settings.port) as reserved:
-            port = reserved.getsockname()[1]
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                try:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(reaper.reap_on_exits, self._owned)
-                        urls = [await nursery.start(self._keep, index, port) for index in range(self.count)]
-                        reserved.close()
-                        print(listening_line(urls[0]), flush=True)
-                        log.info("serving %s with %d daemon processes", urls[0], self.count)
-                        async for signum in signals:
-                            # Shards drain on the first signal and stop at once on the second: forward both.
-                            name = signal.Signals(signum).name
-                            if self.draining:
-                                log.warning("received %s again while draining: stopping at once", name)
-                            else:
-                                log.info("received %s, draining (a second signal stops at once)", name)
-                                nursery.start_soon(self._wait_all, nursery.cancel_scope)
-                            self.draining = True  # before forwarding: a shard that exits is not restarted
-                            self._forward(signum)
-                finally:
-                    shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        with (
+            reserve_port(self.settings.host, self.settings.port) as reserved,
+            trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,
+        ):
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(reaper.reap_on_exits, self._owned)
+                    nursery.start_soon(self._forward_signals, signals)
+                    await self._serve(reserved)
+                    nursery.cancel_scope.cancel()  # every shard has exited
+            finally:
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
         return self.status
+
+    async def _forward_signals(self, signals: AsyncIterator[int]) -> None:
+        """Shards drain on the first signal and stop at once on the second: forward both."""
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if self.stopping is not None:
+                log.warning("received %s again while draining: stopping at once", name)
+                self.forced = self.ready
+            elif self.ready:
+                log.info("received %s, draining (a second signal stops at once)", name)
+            else:
+                log.warning("received %s before the daemon was ready: stopping", name)
+            self.stopping = signum  # before forwarding: a shard that exits is not restarted
+            for shard in self._owned():
+                if shard.returncode is None:
+                    shard.send_signal(signum)
+
+    async def _serve(self, reserved: socket.socket) -> None:
+        """Start the shards one after the other, print the URL once all listen, and follow each
+        until it has exited after a signal."""
+        port = reserved.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            url = ""
+            for index in range(self.count):
+                if self.stopping is not None:
+                    return
+                url = await self._start(index, port)
+                shard = self.shards[index]
+                assert shard is not None
+                if not url and self.stopping is None:
+                    await self._failed_start(index, shard)
+                    return
+                nursery.start_soon(self._keep, index, port)
+                if not url:  # stopped by a signal as it started: start no other
+                    return
+            reserved.close()
+            self.ready = True
+            print(listening_line(url), flush=True)
+            log.info("serving %s with %d daemon processes", url, self.count)
+
+    async def _failed_start(self, index: int, shard: trio.Process) -> None:
+        """Shard ``index`` exited before it listened: stop those started, and exit with its status.
+        It said why in one line (the CLI's rule), unless a signal ended it: then we do."""
+        status = await shard.wait()
+        if status < 0:
+            name = signal.Signals(-status).name
+            print(f"execbox-runner: daemon process {index} died of {name} before listening", file=sys.stderr)
+        self.status = status if status > 0 else 1
+        self.stopping = signal.SIGTERM
+        for started in self._owned():
+            if started.returncode is None:
+                started.send_signal(signal.SIGTERM)
+
+    def _stopped(self) -> bool:
+        return self.stopping is not None
 
     def _owned(self) -> list[trio.Process]:
         return [shard for shard in self.shards if shard is not None]
 
-    def _forward(self, signum: int) -> None:
-        for shard in self.shards:
-            if shard is not None and shard.returncode is None:
-                shard.send_signal(signum)
-
-    async def _wait_all(self, scope: trio.CancelScope) -> None:
-        for shard in self.shards:
-            if shard is not None:
-                await shard.wait()
-        scope.cancel()
-
-    async def _keep(self, index: int, port: int, *, task_status: trio.TaskStatus[str]) -> None:
-        """Run shard ``index``; restart it if it dies while we are not draining."""
-        first = True
+    async def _keep(self, index: int, port: int) -> None:
+        """Follow shard ``index``; restart it if it dies before a signal, as often as it dies."""
         while True:
-            url = await self._start(index, port)
-            if first:
-                task_status.started(url)
-                first = False
             shard = self.shards[index]
             assert shard is not None
             status = await shard.wait()
             with contextlib.suppress(OSError):  # its live state is no longer live
                 os.unlink(os.path.join(self.metrics_dir, live_state_file(shard.pid)))
-            if self.draining:  # the CLI's statuses: 0 only if every shard drained cleanly
-                self.status = max(self.status, 1 if status else 0)
+            if self.stopping is not None:  # the CLI's statuses: 0 only if every shard drained cleanly
+                self.status = max(self.status, 1 if self.forced or (status and self.ready) else 0)
                 return
             log.error("daemon process %d exited with status %d; restarting it", shard.pid, status)
             await trio.sleep(RESTART_PAUSE_S)
+            if self._stopped():  # a signal came during the pause
+                return
+            await self._start(index, port)
 
     async def _start(self, index: int, port: int) -> str:
+        """Start shard ``index`` and wait for its listening line: its URL, or "" if it exited first."""
         env = {**os.environ, SHARD_ENV: f"{index}/{self.count}", MULTIPROCESS_ENV: self.metrics_dir}
         argv = [sys.executable, "-m", "execbox_runner", *self.argv, *shard_arguments(self.settings, self.count, port)]
         # Its own session: a terminal's Ctrl-C reaches the supervisor only, which forwards it once.
         process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, env=env, start_new_session=True)
         self.shards[index] = process
+        if self.stopping is not None:  # a signal came while it was being started
+            process.send_signal(self.stopping)
         assert process.stdout is not None
         line = b""
-        with trio.fail_after(STARTUP_TIMEOUT_S):
-            while not line.endswith(b"\n"):
-                chunk = await process.stdout.receive_some(1)
-                if not chunk:
-                    raise OSError(f"daemon process {index} exited before listening")
-                line += chunk
+        while not line.endswith(b"\n"):
+            chunk = await process.stdout.receive_some(1)
+            if not chunk:
+                await process.stdout.aclose()
+                return ""
+            line += chunk
         await process.stdout.aclose()
         return line.decode().strip().rsplit(" ", 1)[-1]

@@ -110,6 +110,12 @@ class Ready(Struct, array_like=True, tag=12):
     """The worker is initialised and waiting for a ``Run``."""
 
 
+class StartFailed(Struct, array_like=True, tag=15):
+    """The worker could not start (instead of ``Ready``; it exits next): why, for the daemon's log."""
+
+    reason: str
+
+
 class Probed(Struct, array_like=True, tag=13):
     """Test hook only (``worker --probe``): what the confined worker could still do."""
 
@@ -118,7 +124,7 @@ class Probed(Struct, array_like=True, tag=13):
 
 
 ToWorker: TypeAlias = Run | Settle | Abort | Evict | Measure | Share
-FromWorker: TypeAlias = ToolCalls | Finished | Ready | Probed | Heaps
+FromWorker: TypeAlias = ToolCalls | Finished | Ready | StartFailed | Probed | Heaps
 
 _encoder: Final = msgspec.msgpack.Encoder()
 to_worker_decoder: Final = msgspec.msgpack.Decoder(tuple[int, ToWorker])

@@ -138,6 +138,22 @@ class Worker:
 
         ``runtime`` is the first execution's, when the zygote prepared it before forking.
         """
+        try:
+            missing = self._start(runtime)
+        except Exception as exc:  # its stderr may be closed already: the daemon logs why
+            self.sock.sendall(ipc.frame(0, ipc.StartFailed(f"{type(exc).__name__}: {exc}")))
+            raise
+        if self.probe:
+            self.sock.sendall(ipc.frame(0, ipc.Probed(outcomes=sandbox.probe(), missing=missing)))
+            return
+        self.confined.set()
+        self.sock.sendall(ipc.frame(0, ipc.Ready()))
+        self.ended.acquire()
+        assert self.failure is not None
+        raise self.failure
+
+    def _start(self, runtime: Runtime | None) -> list[str]:
+        """Everything before Ready: the runner threads, then confinement; what could not be applied."""
         if runtime is None:  # else the zygote loaded the parser and compiled the bootstrap
             normalize("0")  # load the parser before the first request
             # (fresh_runtime also compiles the bootstrap, while files can still be read.)
@@ -159,15 +175,7 @@ class Worker:
         threading.stack_size(previous)
         threads.wait()
         keep = (self.sock.fileno(), self.alarm.fd)
-        missing = sandbox.confine(keep, self.limits) if self.limits is not None else ["all"]
-        if self.probe:
-            self.sock.sendall(ipc.frame(0, ipc.Probed(outcomes=sandbox.probe(), missing=missing)))
-            return
-        self.confined.set()
-        self.sock.sendall(ipc.frame(0, ipc.Ready()))
-        self.ended.acquire()
-        assert self.failure is not None
-        raise self.failure
+        return sandbox.confine(keep, self.limits) if self.limits is not None else ["all"]
 
     def _runner(self) -> None:
         """A runner thread: in turn the leader, on a long step a runner without the lead, then the

@@ -329,19 +329,32 @@ def confine(keep: Iterable[int], limits: Limits) -> list[str]:
     channel's, the alarm's) closed. Returns what could not be applied."""
     missing = list(_isolated) if _isolated is not None else isolate()
     close_inherited_fds(*keep)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
+    for name, value in (
+        ("RLIMIT_CORE", 0),
+        ("RLIMIT_FSIZE", 0),
+        ("RLIMIT_NOFILE", limits.open_files),
+        ("RLIMIT_AS", limits.address_space_bytes),
+    ):
+        _limit(name, value)
     set_cpu_backstop(limits.cpu_seconds)
     if os.geteuid() != 0:
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+        _limit("RLIMIT_NPROC", 0)
     seal_executable_mappings()
     if seccomp.supported():
         seccomp.install()
     else:
         missing.append("seccomp")
     return missing
+
+
+def _limit(name: str, value: int) -> None:
+    """Set resource limit ``name`` (soft and hard) to ``value``; a refusal says which, and the
+    hard limit in the way (the daemon logs it as why the worker could not start)."""
+    kind = getattr(resource, name)
+    try:
+        resource.setrlimit(kind, (value, value))
+    except (ValueError, OSError) as exc:
+        raise OSError(f"cannot set {name} to {value} (hard limit {resource.getrlimit(kind)[1]}): {exc}") from None
 
 
 def probe() -> dict[str, str]:

@@ -71,6 +71,10 @@ STOP_WAIT_S: Final = 5.0
 # Workers of one execution each: the longest a claimed spare's replacement waits for the execution's
 # end, while another spare is ready (a short execution ends first, a long one stops waiting).
 REPLACE_AFTER_S: Final = 0.05
+# After a worker fails to start, the pause before the next start: doubled after each failure in a
+# row, this many times at most (0.5 s to 8 s), so that workers that cannot start do not flood the log.
+START_RETRY_S: Final = 0.5
+START_RETRY_DOUBLINGS: Final = 4
 
 
 class WorkerPool:
@@ -112,6 +116,7 @@ class WorkerPool:
         self._deferred: dict[Worker, Timer] = {}
         self._waiting: deque[tuple[str, Callable[[Lease], None]]] = deque()  # tenant, and whom to give a slot
         self._serving = False  # _serve_waiting is under way
+        self.failed_starts = 0  # worker starts that failed since the last one that did not
         self.exits = 0  # worker processes that exited (and were replaced)
         self.exit_reasons: dict[str, int] = {}  # the same by ExitCause.reason (a bounded set)
         self._wake_spawner = trio.Event()  # while the pool starts: a change, perhaps a spare ready
@@ -214,7 +219,7 @@ class WorkerPool:
 
     async def _spawn(self) -> None:
         """Start a worker and relay its frames until it exits; after a failed start, pause before the
-        next one (do not spin when workers cannot be started)."""
+        next one, longer after each failure in a row (do not spin when workers cannot be started)."""
         await trio.lowlevel.checkpoint_if_cancelled()  # the pool stops: no fork now
         try:
             worker = await self._fork_worker()
@@ -223,7 +228,8 @@ class WorkerPool:
         if worker is not None:
             await self._relay(worker)
         if worker is None or not worker.ready:
-            await trio.sleep(0.5)
+            self.failed_starts += 1
+            await trio.sleep(START_RETRY_S * 2 ** min(self.failed_starts - 1, START_RETRY_DOUBLINGS))
             self.starting -= 1
             self._changed()
 
@@ -276,6 +282,9 @@ class WorkerPool:
     def _route(self, worker: Worker, slot: int, message: ipc.FromWorker) -> None:
         """Hand a worker's frame to whom it concerns; WorkerLost if it concerns nobody it may."""
         if not worker.ready:
+            if isinstance(message, ipc.StartFailed):  # it exits next: its exit status says how
+                worker.start_failure = message.reason
+                return
             if not isinstance(message, ipc.Ready):
                 raise WorkerLost("worker did not start with Ready")
             if worker.alive:  # not already killed for being late
@@ -328,6 +337,7 @@ class WorkerPool:
         """It said Ready: it takes executions."""
         worker.ready = True
         worker.settled.set()
+        self.failed_starts = 0
         self.starting -= 1
         self.workers.add(worker)
         self._serve_waiting()
@@ -370,7 +380,7 @@ class WorkerPool:
             cause.level,
             "worker %d %s%s; executions held: %d%s",
             worker.pid,
-            "" if worker.ready else "failed to start: ",
+            "" if worker.ready else f"failed to start ({worker.start_failure or 'no reason given'}): ",
             cause.text,
             held,
             "" if cause.reason in {"idle", "shutdown"} else "; replaced",
@@ -379,6 +389,7 @@ class WorkerPool:
                 "exit_reason": cause.reason,
                 "executions_held": held,
                 "executions_served": worker.started,
+                **({"start_failure": worker.start_failure} if worker.start_failure else {}),
             },
         )
 

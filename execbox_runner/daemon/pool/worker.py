@@ -130,6 +130,7 @@ class Worker:
         self.started = 0  # executions given to this worker over its life
         self.retiring: StopReason | None = None  # why it takes no new executions; stopped once its last one ends
         self.ready = False  # said Ready: it takes executions
+        self.start_failure = ""  # why it could not start, as it said instead of Ready
         self.alive = True
         self.kill_reason: StopReason | None = None  # why the daemon sent it SIGKILL
         self.gone = trio.Event()  # the process has exited
