@@ -91,6 +91,12 @@ def test_a_non_loopback_address_needs_tokens(tmp_path: Path, monkeypatch: pytest
     assert http_access("10.0.0.1", **options).tokens == (b"from-env",)
     with pytest.raises(ValueError, match="cannot read --http-token-file"):
         http_access("127.0.0.1", **{**options, "token_file": str(tmp_path / "missing")})
+    tokens.write_text("fine\nse cret\n")  # no MCP client could send it; the error never shows it
+    with pytest.raises(
+        ValueError, match=r"^--http-token or --http-token-file: line 2: the token must be printable"
+    ) as refused:
+        http_access("10.0.0.1", **{**options, "token_file": str(tokens)})
+    assert "cret" not in str(refused.value)
 
 
 # ---------------------------------------------------------------- the command

@@ -62,6 +62,9 @@ def refused_with_one_line(result: subprocess.CompletedProcess[str], expected: st
     assert result.stdout == ""
 
 
+UNSENDABLE = "the token must be printable ASCII without spaces, and not empty"
+
+
 MISCONFIGURATIONS = [
     (["--port", "70000"], "invalid --port '70000': must be a port number 0-65535"),
     (["--port", "-1"], "must be a port number 0-65535"),
@@ -180,8 +183,10 @@ def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path, command: str, how: 
         ("", "holds no token (it would leave sessions open to anyone who reaches the port)"),
         ("# tokens to come\n\n", "holds no token"),
         ("a tenant=x\nb\na tenant=y\n", "line 3: the token of line 1 again (a token is one tenant's)"),
+        ("good tenant=x\nsecret\ttenant=y\n", "line 2: " + UNSENDABLE),
+        ("good\ns\u00e9cret\n", "line 2: " + UNSENDABLE),
     ],
-    ids=["empty", "comments only", "a token twice"],
+    ids=["empty", "comments only", "a token twice", "a tab for a space", "not ASCII"],
 )
 def test_a_tokens_file_without_tokens_or_with_one_twice_is_refused(
     tmp_path: Path, command: str, content: str, expected: str
@@ -189,6 +194,34 @@ def test_a_tokens_file_without_tokens_or_with_one_twice_is_refused(
     file = tmp_path / "tokens.txt"
     file.write_text(content)
     refused_with_one_line(run(command, "--host", "0.0.0.0", "--tokens-file", str(file)), expected)
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("--tokens", "invalid --tokens (tokens not shown): holds a token no client could send"),
+        ("--metrics-token", "invalid --metrics-token (tokens not shown): holds a token no client could send"),
+        ("EXECBOX_RUNNER_TOKENS", "invalid EXECBOX_RUNNER_TOKENS (tokens not shown): holds a token no client"),
+        ("--config", "tokens = (tokens not shown): holds a token no client could send"),
+        ("--metrics-token-file", "metrics-tokens': line 2: " + UNSENDABLE),
+    ],
+)
+def test_a_token_no_client_could_send_is_refused_without_showing_it(tmp_path: Path, where: str, expected: str) -> None:
+    """Every client sends printable ASCII without spaces: a daemon accepting another token would let
+    no one in with it. The error quotes no token (it reaches logs and terminals)."""
+    token = "se cret"
+    args, env = [where, f"fine,{token}"], {}
+    if where == "EXECBOX_RUNNER_TOKENS":
+        args, env = [], {where: token}
+    elif where == "--config":
+        (tmp_path / "runner.toml").write_text(f"tokens = '{token}'\n")
+        args = [where, str(tmp_path / "runner.toml")]
+    elif where == "--metrics-token-file":
+        (tmp_path / "metrics-tokens").write_text(f"fine\n{token}\n")
+        args = [where, str(tmp_path / "metrics-tokens")]
+    result = run("serve", *args, env=env)
+    refused_with_one_line(result, expected)
+    assert UNSENDABLE in result.stderr and "cret" not in result.stderr
 
 
 @pytest.mark.parametrize("command", ["serve", "info"])

@@ -23,6 +23,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import WebSocketURI, parse_uri
 
+from ..exposure import UNSENDABLE, sendable
 from .errors import (
     QuotaExceeded,
     RunnerBusy,
@@ -209,8 +210,8 @@ def checked_url(url: str) -> WebSocketURI:
 def check_token(token: str | None) -> None:
     """``ValueError`` for a bearer token that cannot be sent as one: empty, or not printable ASCII
     without spaces (a newline, for one, would end the header). The message never shows the token."""
-    if token is not None and (not token or not token.isascii() or not token.isprintable() or " " in token):
-        raise ValueError("the token must be printable ASCII without spaces, and not empty")
+    if token is not None and not sendable(token):
+        raise ValueError(UNSENDABLE)
 
 
 def _reason(exc: BaseException, uri: WebSocketURI) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
-from ..exposure import read_tokens
+from ..exposure import UNSENDABLE, read_tokens, sendable
 from .machine import usable_cores
 from .tenants import read_tenants
 
@@ -119,6 +119,8 @@ ZERO_ALLOWED: Final = frozenset(
 EXISTING_FILES: Final = frozenset({"tokens_file", "certfile", "keyfile", "metrics_token_file"})
 # Strings that may not be empty.
 REQUIRED: Final = frozenset({"host"})
+# Settings of comma-separated bearer tokens.
+TOKEN_LISTS: Final = frozenset({"tokens", "metrics_token"})
 
 HELP: dict[str, str] = {
     "profile": "standard: confined worker processes each host up to --worker-capacity executions at once (a fresh QuickJS runtime each); hardened: a fresh confined process for every execution",
@@ -207,6 +209,8 @@ def convert(name: str, kind: type, value: object) -> object:
         raise ValueError(f"must be {wanted}")
     if name in REQUIRED and not value.strip():
         raise ValueError("must not be empty")
+    if name in TOKEN_LISTS and not all(sendable(token.strip()) for token in value.split(",") if token.strip()):
+        raise ValueError(f"holds a token no client could send ({UNSENDABLE})")
     return value
 
 
@@ -231,6 +235,8 @@ def _path_problem(name: str, value: str) -> str | None:
                 return "holds no token (it would leave /metrics open)"
         except UnicodeDecodeError:
             return NOT_TEXT
+        except ValueError as exc:
+            return str(exc)
         except OSError as exc:
             return exc.strerror or str(exc)
     if name == "record_dir" and value and path.exists() and not path.is_dir():
@@ -392,8 +398,13 @@ def _from_file(path: str, origins: dict[str, str]) -> dict[str, Any]:
         try:
             values[name] = convert(name, known[name], value)
         except ValueError as exc:
-            raise InvalidSetting(f"{origins[name]} {value!r}: {exc}") from None
+            raise InvalidSetting(f"{origins[name]} {shown(name, value)}: {exc}") from None
     return values
+
+
+def shown(name: str, value: object) -> str:
+    """A setting's value as an error quotes it: tokens never (errors reach logs and terminals)."""
+    return "(tokens not shown)" if name in TOKEN_LISTS else repr(value)
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
@@ -420,7 +431,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         try:
             values[field.name] = convert(field.name, type(field.default), given)
         except ValueError as exc:
-            raise InvalidSetting(f"{origins[field.name]} {given!r}: {exc}") from None
+            raise InvalidSetting(f"{origins[field.name]} {shown(field.name, given)}: {exc}") from None
     if "warm_workers" not in values:  # the machine-sized default never exceeds a lower --max-workers
         values["warm_workers"] = min(Settings.warm_workers, values.get("max_workers", Settings.max_workers))
     settings = Settings(**values)
@@ -428,7 +439,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     for name, origin in origins.items():
         problem = _path_problem(name, values[name]) if isinstance(values[name], str) else None
         if problem:
-            raise InvalidSetting(f"{origin} {values[name]!r}: {problem}")
+            raise InvalidSetting(f"{origin} {shown(name, values[name])}: {problem}")
     return settings
 
 

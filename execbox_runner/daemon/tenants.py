@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..exposure import token_entries
+from ..exposure import check_sendable, token_entries
 
 QUOTAS: Final = ("max_sessions", "executions_per_minute", "memory_in_flight_bytes", "cpu_seconds_per_minute")
 SETTINGS: Final = (*QUOTAS, "weight")
@@ -59,12 +59,13 @@ class Tenant:
 def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
     """Each accepted token and its tenant: ``inline`` tokens (comma-separated, no settings), then
     the lines of the file at ``path``. Raises ``ValueError`` naming the line at fault (a bad
-    setting, a token given twice), OSError for a file that cannot be read."""
+    setting, a token given twice, a token no client could send), OSError for a file that cannot be read."""
     named: dict[str, Tenant] = {}
     tenants: list[tuple[bytes, str]] = []
     lines: dict[str, str] = {}  # each token of the file -> its line
     for index, (entry, where) in enumerate(token_entries(inline, path)):
         token, _, settings = entry.partition(" ") if where else (entry, "", "")  # settings: the file's only
+        check_sendable(token, where)
         if where and token in lines:  # one of the two lines would be ignored
             raise ValueError(f"{where}: the token of {lines[token]} again (a token is one tenant's)")
         if where:

@@ -129,6 +129,8 @@ def http_access(
         raise ValueError(f"cannot read --http-token-file {token_file}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"cannot read --http-token-file {token_file}: not UTF-8 text") from None
+    except ValueError as exc:
+        raise ValueError(f"--http-token or --http-token-file: {exc}") from None
     if not accepted and not is_loopback(host) and not allow_unauthenticated:
         raise ValueError(
             f"refusing to serve {host} without authentication: give --http-token-file (or --http-token,"
