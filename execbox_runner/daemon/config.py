@@ -47,6 +47,10 @@ MAX_WORKER_THREADS: Final = 1024
 MAX_PROCESSES: Final = 256
 # Numbers with an upper bound besides the ports'.
 MAXIMA: Final = {"worker_threads": MAX_WORKER_THREADS, "processes": MAX_PROCESSES}
+# Numbers with a lower bound above 1: below it the daemon would start and answer every execution
+# with the same failure. A message must hold an ``execute`` with its providers, an output a result of
+# a few fields.
+MINIMA: Final = {"max_message_bytes": 4096, "max_output_bytes": 1024}
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,8 @@ def rule(name: str, kind: type) -> str:
     if kind in (int, float):
         number = "an integer" if kind is int else "a number of seconds"
         maximum = f" and <= {MAXIMA[name]}" if name in MAXIMA else ""
+        if name in MINIMA:
+            return f"{number} >= {MINIMA[name]}{maximum}"
         return f"{number} {'>= 0' if name in ZERO_ALLOWED else '> 0'}{maximum}"
     return ""
 
@@ -195,7 +201,7 @@ def convert(name: str, kind: type, value: object) -> object:
         return value
     if kind in (int, float):
         number = _number(kind, value, wanted)
-        too_small = number < 0 or (number == 0 and name not in ZERO_ALLOWED)
+        too_small = number < 0 or (number == 0 and name not in ZERO_ALLOWED) or number < MINIMA.get(name, 0)
         maximum = MAX_PORT if name in PORTS else MAXIMA.get(name, math.inf)
         if too_small or number > maximum:
             raise ValueError(f"must be {wanted}")
