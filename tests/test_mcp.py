@@ -286,14 +286,16 @@ async def code_mode_session(client: Client) -> list[mcp_types.CallToolResult]:
     listed = await client.list_tools()
     assert sorted(tool.name for tool in listed.tools) == ["execute_code", "search_tools"]
     found = await client.call_tool("search_tools", {"query": "add numbers"})
+    every = await client.call_tool("search_tools", {})  # no query: every tool, as its description says
     executed = await client.call_tool("execute_code", {"code": THREE_TOOLS.replace("upstream.", "demo_server.")})
     failed = await client.call_tool("execute_code", {"code": "throw new Error('no')"})
-    return [found, executed, failed]
+    return [found, every, executed, failed]
 
 
 def check_code_mode(results: list[mcp_types.CallToolResult]) -> None:
-    found, executed, failed = results
+    found, every, executed, failed = results
     assert "declare namespace demo_server" in found.content[0].text and "function add(" in found.content[0].text
+    assert not every.is_error and "function add(" in every.content[0].text
     body = json.loads(executed.content[0].text)
     assert body["ok"] and body["result"]["caught"] == EXPLODED and body["logs"] == ["done"]
     assert body["result"]["sum"] == {"result": 42}

@@ -48,7 +48,9 @@ def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode", round
         return await code_mode.execute_code(code, context.report_progress, partial(ask_the_user, context))
 
     def search_tools(
-        query: Annotated[str, Field(description="words to look for in tool names and descriptions; empty for all")],
+        query: Annotated[
+            str, Field(description="words to look for in tool names and descriptions; empty or left out for all")
+        ] = "",
         limit: Annotated[int, Field(description="how many tools at most", ge=1, le=200)] = 10,
     ) -> str:
         return code_mode.search_tools(query, limit)
