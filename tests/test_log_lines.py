@@ -58,14 +58,14 @@ def test_text_with_lone_surrogates_and_values_json_cannot_hold_still_make_a_line
 
 
 class _Stream(io.StringIO):
-    """A stream that counts its writes."""
+    """A stream that records which thread made each of its writes."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.writes = 0
+        self.writers: list[str] = []
 
     def write(self, text: str) -> int:
-        self.writes += 1
+        self.writers.append(threading.current_thread().name)
         return super().write(text)
 
 
@@ -90,24 +90,32 @@ def writer() -> Iterator[tuple[LineWriter, _Stream, logging.Logger]]:
         yield handler, stream, logger
 
 
+def written(stream: _Stream, count: int) -> list[str]:
+    """The messages of the stream's lines, once it holds ``count`` of them (bounded)."""
+    deadline = time.monotonic() + 10
+    while stream.getvalue().count("\n") < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return [json.loads(line)["message"] for line in stream.getvalue().splitlines()]
+
+
 def test_while_serving_lines_go_out_a_little_later_together(
     writer: tuple[LineWriter, _Stream, logging.Logger],
 ) -> None:
     handler, stream, logger = writer
-    handler.gather_s = 0.2
+    handler.gather_s = 60.0  # far longer than the test: the lines wait for the flush below
     handler.serving = True
-    started = time.monotonic()
     logger.warning("first")
     thread = threading.Thread(target=logger.warning, args=("from a thread",))
     thread.start()
     thread.join(timeout=10)
     logger.warning("second")
-    assert stream.getvalue() == "" and time.monotonic() - started < 0.2  # not written by the callers
-    deadline = time.monotonic() + 10
-    while stream.getvalue().count("\n") < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    messages = [json.loads(line)["message"] for line in stream.getvalue().splitlines()]
-    assert messages == ["first", "from a thread", "second"] and stream.writes == 1
+    assert stream.getvalue() == ""  # not written by the callers
+    handler.flush()
+    assert written(stream, 3) == ["first", "from a thread", "second"]
+    assert stream.writers == ["log writer"]  # gathered in one write, by the writing thread
+    handler.gather_s = 0.01
+    logger.warning("third")  # written when the gathering ends, without a flush
+    assert written(stream, 4)[3:] == ["third"] and stream.writers == ["log writer"] * 2
 
 
 def test_outside_serving_a_line_is_written_before_the_call_returns(
@@ -152,18 +160,26 @@ def drain(read: int, until: str, count: int = 1) -> str:
     return text
 
 
+LINES = 5_000
+
+
 def test_a_sink_that_stops_reading_blocks_no_pass_and_the_lines_past_the_bound_are_counted(
     unread_pipe: tuple[int, IO[str]],
 ) -> None:
     read, stream = unread_pipe
-    handler = LineWriter(buffer_bytes=256 << 10)
+    handler = LineWriter(buffer_bytes=16 << 10, drain_s=120.0)  # a caller that waited would take that long
     handler.serving = True
     with logging_to(handler, stream, "execbox_runner.test.unread") as logger:
-        started = time.monotonic()
-        for index in range(20_000):  # ~1.6 MB of lines: the pipe holds 64 KiB, the writer 256 KiB more
-            logger.warning("line %d %s", index, "x" * 20)
-        assert time.monotonic() - started < 10
-        assert handler.dropped > 10_000
+
+        def log_lines() -> None:  # ~600 KB of lines: the pipe holds 64 KiB, the writer 32 KiB more
+            for index in range(LINES):
+                logger.warning("line %d %s", index, "x" * 20)
+
+        logging_thread = threading.Thread(target=log_lines, daemon=True)
+        logging_thread.start()
+        logging_thread.join(timeout=30)
+        assert not logging_thread.is_alive(), "a caller waited for the stream"
+        assert handler.dropped > LINES // 2
         os.set_blocking(read, True)  # the reader comes back, and reads to the end
         chunks: list[bytes] = []
         reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read, 1 << 20), b"")))
@@ -186,18 +202,21 @@ def test_a_sink_that_stops_reading_blocks_no_pass_and_the_lines_past_the_bound_a
         else:
             assert line["message"].startswith(f"line {following} ")
             following += 1
-    assert following == 20_000
+    assert following == LINES
 
 
 def test_outside_a_pass_a_stuck_sink_delays_a_line_once_by_the_drain_bound(unread_pipe: tuple[int, IO[str]]) -> None:
     read, stream = unread_pipe
-    handler = LineWriter(drain_s=0.2)
+    handler = LineWriter(drain_s=3.0)
     with logging_to(handler, stream, "execbox_runner.test.stuck") as logger:
+        started = time.monotonic()
         logger.warning("filler %s", "x" * (128 << 10))  # more than the pipe holds: the write blocks
+        waited = time.monotonic() - started
         started = time.monotonic()
         for _ in range(10):
-            logger.warning("waits")  # the first waits out the bound, the others do not wait
-        assert time.monotonic() - started < 1.5
+            logger.warning("waits")  # none waits: the write is still stuck
+        # The filler's line waited out the bound; any later line that did too would take as long.
+        assert time.monotonic() - started < handler.drain_s <= waited
         text = drain(read, '"waits"', 10)
         handler.flush()
     assert text.count('"waits"') == 10

@@ -80,7 +80,7 @@ def test_a_metrics_port_takes_the_details_off_the_sessions_port() -> None:
         with socket.create_connection(("127.0.0.1", metrics_port), timeout=SOCKET_TIMEOUT_S) as idle:
             started = time.monotonic()
             assert idle.recv(1) == b""
-            assert time.monotonic() - started < SOCKET_TIMEOUT_S / 2
+            assert time.monotonic() - started < 5  # the 1 s of --handshake-timeout, not the default 10 s
         # Garbage gets the answer (or the close) of the sessions' port, and the port keeps serving.
         with socket.create_connection(("127.0.0.1", metrics_port), timeout=SOCKET_TIMEOUT_S) as sock:
             sock.sendall(b"GET / HTTP/1.1\r\n" + b"X-Long: " + b"x" * 10_000 + b"\r\n\r\n")

@@ -40,13 +40,19 @@ def start_worker(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
 _streamed: weakref.WeakKeyDictionary[socket.socket, dict[int, list[str]]] = weakref.WeakKeyDictionary()
 
 
+def next_message(sock: socket.socket) -> tuple[int, ipc.FromWorker]:
+    """The worker's next message as it was sent: streamed log lines (a ``ToolCalls`` without calls) too."""
+    (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
+    slot, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+    return slot, message
+
+
 def receive_any(sock: socket.socket) -> tuple[int, ipc.FromWorker]:
     """The worker's next message, for whichever slot, with the log lines the worker streamed for that
     slot before it (while its guest ran, as they were written) folded into it."""
     streamed = _streamed.setdefault(sock, {})
     while True:
-        (length,) = ipc.HEADER.unpack(recv_exactly(sock, ipc.HEADER.size))
-        slot, message = ipc.from_worker_decoder.decode(recv_exactly(sock, length))
+        slot, message = next_message(sock)
         if isinstance(message, ipc.ToolCalls) and not message.calls:
             streamed.setdefault(slot, []).extend(message.logs)
             continue

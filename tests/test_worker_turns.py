@@ -23,22 +23,32 @@ from execbox_runner.worker.runtime import Runtime
 from execbox_runner.worker.turns import LONG_S, QUANTUM_S, Turns
 
 from .guestkit import run_message
-from .test_sandbox import receive, receive_any, start_worker
+from .test_sandbox import next_message, receive, receive_any, start_worker
+
+SPINNING = "console.log('spinning'); while (true) {}"
+
+
+def spinning(sock: socket.socket, *slots: int) -> None:
+    """Wait for the line each of ``slots`` streams (``SPINNING``'s): a line goes out while its
+    guest runs only once its step is long, so each guest is computing, and holds no lead."""
+    waiting = set(slots)
+    while waiting:
+        slot, message = next_message(sock)
+        assert slot in waiting and message == ipc.ToolCalls(calls=[], logs=["spinning"]), (slot, message)
+        waiting.discard(slot)
 
 
 def test_a_guest_spinning_with_the_turn_holds_up_no_neighbour() -> None:
     process, sock = start_worker("--max-memory", str(64 << 20), "--threads", "2")
     with sock:
         assert isinstance(receive(sock), ipc.Ready)
-        sock.sendall(ipc.frame(1, run_message("while (true) {}", budget=3)))
-        time.sleep(0.1)  # its runner took the turn and spins
-        sent = time.monotonic()
+        sock.sendall(ipc.frame(1, run_message(SPINNING, budget=30)))
+        spinning(sock, 1)
         sock.sendall(ipc.frame(2, run_message("6 * 7")))
-        quick = receive(sock, 2)
-        assert isinstance(quick, ipc.Finished) and quick.result == b"42"
-        assert time.monotonic() - sent < 0.5
-        spinner = receive(sock, 1)
-        assert isinstance(spinner, ipc.Finished) and spinner.code == "timeout"
+        # Next, before the spinner's end (its 30 s budget): held up by it, the run would come after.
+        assert receive(sock, 2) == ipc.Finished(True, b"42", None, "", [])
+        sock.sendall(ipc.frame(1, ipc.Abort()))
+        assert receive(sock, 1) == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])  # its line went out
     process.wait(timeout=30)
 
 
@@ -143,12 +153,12 @@ def _spare_after_one_execution(threads: int, wait: float) -> Runtime | None:
 
 
 def test_a_worker_makes_the_next_runtime_once_nothing_is_ready() -> None:
-    spare = _spare_after_one_execution(threads=2, wait=5)
+    spare = _spare_after_one_execution(threads=2, wait=30)
     assert spare is not None and spare.context.eval("typeof console.log") == "function"
 
 
 def test_a_worker_with_one_runner_makes_no_spare() -> None:
-    # A spare takes well under 0.5 s to make (~0.3 ms; the other test waits for one up to 5 s).
+    # A spare takes well under 0.5 s to make (~0.3 ms; the other test waits for one up to 30 s).
     assert _spare_after_one_execution(threads=1, wait=0.5) is None
 
 
@@ -264,28 +274,34 @@ def test_a_share_holds_the_guests_computing_beyond_it_in_turns_but_never_a_short
     process, sock = start_worker("--max-memory", str(64 << 20), "--threads", "4")
     with sock:
         assert isinstance(receive(sock), ipc.Ready)
-        code = "console.log('spinning'); while (true) {}"
-        sock.sendall(b"".join(ipc.frame(slot, run_message(code, budget=30)) for slot in (1, 2)))
-        time.sleep(0.1)
+        sock.sendall(b"".join(ipc.frame(slot, run_message(SPINNING, budget=30)) for slot in (1, 2)))
+        spinning(sock, 1, 2)
         first, before = cpu_ticks_of_threads(process.pid), switches(process.pid)
-        time.sleep(0.5)
-        then, unshared = cpu_ticks_of_threads(process.pid), switches(process.pid)
-        # The guests' threads: computing all along, never leaving the CPU of their own accord.
-        spinners = [tid for tid in then if then[tid] > first.get(tid, then[tid]) and unshared[tid] == before.get(tid)]
+        # The guests' threads: computing, never leaving the CPU of their own accord (for as long as
+        # the machine takes to give both CPU time: each second of it is a hundred ticks).
+        spinners: list[str] = []
+        deadline = time.monotonic() + 30
+        while len(spinners) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            then, unshared = cpu_ticks_of_threads(process.pid), switches(process.pid)
+            spinners = [t for t in then if then[t] > first.get(t, then[t]) and unshared[t] == before.get(t)]
         assert len(spinners) == 2, (first, then, before, unshared)
         sock.sendall(ipc.frame(0, ipc.Share(1)))
-        time.sleep(0.5)
-        shared = switches(process.pid)
-        sent = time.monotonic()
+        # Held in turns: each hold leaves the CPU (how often in a second depends on the CPU they get:
+        # see the rotation's own test below).
+        held, deadline = 0, time.monotonic() + 30
+        while held < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            shared = switches(process.pid)
+            held = sum(shared[tid] - unshared[tid] for tid in spinners)
+        assert held >= 4, [shared[t] - unshared[t] for t in spinners]
         sock.sendall(ipc.frame(3, run_message("6 * 7", budget=30)))
-        assert receive(sock, 3) == ipc.Finished(True, b"42", None, "", [])  # not held: a short step
-        assert time.monotonic() - sent < 0.5
-        for slot in (1, 2):  # a held guest takes its abort at once, its log line kept
+        # Not held (a short step): next, before the guests held beside it end (their 30 s budgets).
+        assert receive(sock, 3) == ipc.Finished(True, b"42", None, "", [])
+        for slot in (1, 2):  # a held guest takes its abort at once (its log line went out)
             sock.sendall(ipc.frame(slot, ipc.Abort()))
-            assert receive(sock, slot) == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, ["spinning"])
+            assert receive(sock, slot) == ipc.Finished(False, None, "timeout", TIMEOUT_MESSAGE, [])
     process.wait(timeout=30)
-    # Held in turns (how often each depends on the CPU it gets: see the rotation's own test below).
-    assert sum(shared[tid] - unshared[tid] for tid in spinners) >= 4, [shared[t] - unshared[t] for t in spinners]
 
 
 class FakeGuest:

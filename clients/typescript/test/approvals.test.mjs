@@ -45,7 +45,7 @@ describe("approve", () => {
     assert.deepEqual(removed, ["/tmp/a"]);
   });
 
-  test("an execution that times out while the host asks ends as timeout; the question's signal aborts", async () => {
+  test("an execution that times out while the host asks ends as timeout; the question's signal aborts", { timeout: 20_000 }, async () => {
     let aborted = false;
     const fs = defineProvider({
       name: "fs",
@@ -62,10 +62,9 @@ describe("approve", () => {
         },
       },
     });
-    const startedAt = Date.now();
-    const result = await executor.execute("await fs.remove({path: '/tmp/x'})", [fs], { timeoutMs: 500 });
+    // The question never ends by itself: the test's timeout fails a host that waits on it.
+    const result = await executor.execute("await fs.remove({path: '/tmp/x'})", [fs], { timeoutMs: 2_000 });
     assert.equal(result.error.code, "timeout");
-    assert.ok(Date.now() - startedAt < 5_000);
     assert.equal(aborted, true);
   });
 });

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { defineProvider, ExecuteFailure, RunnerExecutor } from "../dist/index.js";
+import { connectWebSocketTransport, defineProvider, ExecuteFailure, RunnerExecutor } from "../dist/index.js";
 import { startDaemon } from "./helpers/daemon.mjs";
 
 let daemon;
@@ -79,11 +79,23 @@ describe("results and logs", () => {
   });
 
   test("the runner's own timeout ends a spinning guest well before the host backstop", async () => {
-    const startedAt = Date.now();
-    const result = await executor.execute("while (true) {}", [], { timeoutMs: 200 });
-    const elapsed = Date.now() - startedAt;
+    const sent = [];
+    const local = new RunnerExecutor({
+      timeoutBackstopMs: 30_000,
+      connectTransport: async () => {
+        const transport = await connectWebSocketTransport(daemon.url);
+        const send = transport.send.bind(transport);
+        transport.send = (message) => {
+          sent.push(message.type);
+          return send(message);
+        };
+        return transport;
+      },
+    });
+    const result = await local.execute("while (true) {}", [], { timeoutMs: 200 });
     assert.deepEqual(result.error, { code: "timeout", message: "Execution timed out" });
-    assert.ok(elapsed < 1_500, `took ${elapsed} ms`);
+    assert.deepEqual(sent, ["execute"], "the runner's done came first: the host sent no cancel");
+    await local.dispose();
   });
 
   test("a refused option is a validation_error result", async () => {
@@ -168,13 +180,11 @@ describe("tools", () => {
         },
       },
     });
-    const startedAt = Date.now();
     const result = await executor.execute(
       "const a = await t.probe(); const b = await t.probe(undefined); [a, b]",
       [provider],
-      { timeoutMs: 2_000 },
     );
-    assert.ok(Date.now() - startedAt < 1_000);
+    // A call left unanswered would end as a timeout, without this result.
     assert.deepEqual(result.result, [{ sawUndefined: true }, { sawUndefined: true }]);
     assert.equal(calls.length, 2);
     assert.equal(calls[0][0], undefined);
@@ -287,7 +297,7 @@ describe("cancellation", () => {
     const pending = executor.execute(
       'console.log("before"); await slow.hang({})',
       [provider],
-      { signal: controller.signal, timeoutMs: 10_000 },
+      { signal: controller.signal, timeoutMs: 30_000 },
     );
     await started;
     const abortedAt = Date.now();
@@ -296,7 +306,7 @@ describe("cancellation", () => {
     const elapsed = Date.now() - abortedAt;
     assert.deepEqual(result.error, { code: "timeout", message: "Execution timed out" });
     assert.deepEqual(result.logs, ["before"], "the runner's done (with logs) came back");
-    assert.ok(elapsed < 500, `took ${elapsed} ms after abort`);
+    assert.ok(elapsed < 10_000, `took ${elapsed} ms after abort, as if left to the 30 s timeout`);
     assert.equal(seen.aborted, 1);
   });
 
@@ -304,28 +314,35 @@ describe("cancellation", () => {
     const controller = new AbortController();
     const pending = executor.execute('console.log("spin"); while (true) {}', [], {
       signal: controller.signal,
-      timeoutMs: 10_000,
+      timeoutMs: 30_000,
     });
     await sleep(150);
     const abortedAt = Date.now();
     controller.abort();
     const result = await pending;
     assert.equal(result.error.code, "timeout");
-    assert.ok(Date.now() - abortedAt < 500);
+    assert.ok(Date.now() - abortedAt < 10_000, "not left to the 30 s timeout");
   });
 
   test("an already aborted signal returns timeout without connecting", async () => {
     const controller = new AbortController();
     controller.abort();
-    const startedAt = Date.now();
-    const result = await executor.execute("while (true) {}", [], { signal: controller.signal });
+    let connects = 0;
+    const local = new RunnerExecutor({
+      connectTransport: () => {
+        connects += 1;
+        return connectWebSocketTransport(daemon.url);
+      },
+    });
+    const result = await local.execute("while (true) {}", [], { signal: controller.signal });
     assert.deepEqual(result, {
       durationMs: 0,
       error: { code: "timeout", message: "Execution timed out" },
       logs: [],
       ok: false,
     });
-    assert.ok(Date.now() - startedAt < 100);
+    assert.equal(connects, 0);
+    await local.dispose();
   });
 
   test("the execution timeout aborts in-flight tool work", async () => {
@@ -373,11 +390,11 @@ describe("concurrency and lifecycle", () => {
   test("dispose cancels running executions, waits for them, then refuses new ones", async () => {
     const local = new RunnerExecutor({ url: daemon.url });
     const { provider, started } = hangingProvider();
-    const running = local.execute("await slow.hang({})", [provider], { timeoutMs: 10_000 });
+    const running = local.execute("await slow.hang({})", [provider], { timeoutMs: 30_000 });
     await started;
     const disposedAt = Date.now();
     await local.dispose();
-    assert.ok(Date.now() - disposedAt < 1_000);
+    assert.ok(Date.now() - disposedAt < 10_000, "not left to the 30 s timeout");
     const result = await running;
     assert.equal(result.error.code, "timeout");
     const later = await local.execute("1", []);

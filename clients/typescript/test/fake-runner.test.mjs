@@ -9,7 +9,7 @@ import {
   RunnerConnectionError,
   RunnerExecutor,
 } from "../dist/index.js";
-import { startFakeRunner, startSilentTcpServer, waitFor } from "./helpers/fake-runner.mjs";
+import { startFakeRunner, startLateRunner, startSilentTcpServer, waitFor } from "./helpers/fake-runner.mjs";
 
 const send = (socket, message) => socket.send(JSON.stringify(message));
 
@@ -18,22 +18,17 @@ function done(id, extra = {}) {
 }
 
 describe("timeout backstop", () => {
-  test("a runner that never answers: cancel at timeoutMs + 100 ms, close 25 ms later, timeout", async () => {
-    const runner = await startFakeRunner({
-      onMessage: (message, socket) => {
-        if (message.type === "execute") {
-          send(socket, { type: "started", id: message.id });
-        }
-      },
-    });
+  test("a runner that does not answer in time: cancel after timeoutMs + 100 ms, close after the 25 ms grace, timeout", async () => {
+    const runner = await startLateRunner();
     try {
       const executor = new RunnerExecutor({ url: runner.url });
       const startedAt = Date.now();
       const result = await executor.execute("while (true) {}", [], { timeoutMs: 300 });
       const elapsed = Date.now() - startedAt;
+      // Not the runner's "late" done: the host ended the execution itself.
       assert.deepEqual(result.error, { code: "timeout", message: "Execution timed out" });
       assert.deepEqual(result.logs, []);
-      assert.ok(elapsed >= 400 && elapsed < 900, `resolved after ${elapsed} ms`);
+      assert.ok(elapsed >= 420, `resolved after ${elapsed} ms, before the backstop and the grace`);
 
       const [connection] = runner.connections;
       await waitFor(() => connection.closedAt !== undefined);
@@ -46,11 +41,8 @@ describe("timeout backstop", () => {
         timeoutMs: 300,
       });
       assert.deepEqual(cancel.message, { type: "cancel", id: execute.message.id });
-      assert.deepEqual(rest, []);
-      const cancelAfter = cancel.at - execute.at;
-      assert.ok(cancelAfter >= 390 && cancelAfter < 700, `cancel after ${cancelAfter} ms`);
-      const closeAfter = connection.closedAt - cancel.at;
-      assert.ok(closeAfter >= 15 && closeAfter < 300, `closed ${closeAfter} ms after cancel`);
+      assert.deepEqual(rest, [], "the close followed the cancel, nothing between");
+      assert.ok(cancel.at - startedAt >= 390, `cancel ${cancel.at - startedAt} ms in, before the backstop`);
       await executor.dispose();
     } finally {
       await runner.stop();
@@ -95,25 +87,29 @@ describe("timeout backstop", () => {
   test("cancelGraceMs and timeoutBackstopMs can be set", async () => {
     const runner = await startFakeRunner();
     try {
+      // Both longer than their defaults (25 and 100 ms), which these lower bounds would catch.
       const executor = new RunnerExecutor({
         url: runner.url,
-        cancelGraceMs: 200,
-        timeoutBackstopMs: 10,
+        cancelGraceMs: 400,
+        timeoutBackstopMs: 600,
       });
-      await executor.execute("x", [], { timeoutMs: 100 });
+      const startedAt = Date.now();
+      const result = await executor.execute("x", [], { timeoutMs: 100 });
+      const elapsed = Date.now() - startedAt;
+      assert.equal(result.error.code, "timeout");
       const [connection] = runner.connections;
       await waitFor(() => connection.closedAt !== undefined);
-      const [execute, cancel] = connection.frames;
-      const cancelAfter = cancel.at - execute.at;
-      assert.ok(cancelAfter >= 100 && cancelAfter < 300, `cancel after ${cancelAfter} ms`);
-      assert.ok(connection.closedAt - cancel.at >= 180, "closed after the longer grace");
+      const [, cancel] = connection.frames;
+      assert.equal(cancel.message.type, "cancel");
+      assert.ok(cancel.at - startedAt >= 690, `cancel ${cancel.at - startedAt} ms in, before the longer backstop`);
+      assert.ok(elapsed >= 1_090, `resolved after ${elapsed} ms, before the longer grace`);
     } finally {
       await runner.stop();
     }
   });
 
   test("aborting the signal sends cancel at once, then closes after the grace", async () => {
-    const runner = await startFakeRunner();
+    const runner = await startLateRunner();
     try {
       const executor = new RunnerExecutor({ url: runner.url });
       const controller = new AbortController();
@@ -122,12 +118,15 @@ describe("timeout backstop", () => {
       const abortedAt = Date.now();
       controller.abort();
       const result = await pending;
+      // Not the runner's "late" done (5 s in), nor the backstop's (10.1 s): the abort's.
       assert.equal(result.error.code, "timeout");
-      assert.ok(Date.now() - abortedAt < 300);
+      assert.ok(Date.now() - abortedAt >= 20, "resolved after the grace");
       const [connection] = runner.connections;
       await waitFor(() => connection.closedAt !== undefined);
-      assert.equal(connection.frames[1].message.type, "cancel");
-      assert.ok(connection.frames[1].at - abortedAt < 100);
+      assert.deepEqual(
+        connection.frames.map((frame) => frame.message.type),
+        ["execute", "cancel"],
+      );
     } finally {
       await runner.stop();
     }
@@ -158,10 +157,8 @@ describe("tool calls", () => {
         },
       });
       const executor = new RunnerExecutor({ url: runner.url });
-      const startedAt = Date.now();
       const result = await executor.execute("x", [provider], { timeoutMs: 5_000 });
-      assert.ok(Date.now() - startedAt < 1_000, "answered, not left to the timeout");
-      assert.equal(result.result, "finished");
+      assert.equal(result.result, "finished", "answered: the runner's done follows the tool_result");
       assert.equal(seen.length, 1);
       assert.equal(seen[0][0], undefined);
       const reply = runner.connections[0].frames[1];
@@ -274,10 +271,9 @@ describe("protocol violations and lost runners", () => {
       });
       try {
         const executor = new RunnerExecutor({ url: runner.url });
-        const startedAt = Date.now();
         const result = await executor.execute("x", [], { timeoutMs: 5_000 });
-        assert.ok(Date.now() - startedAt < 1_000);
         assert.equal(result.ok, false);
+        // Left to the timeout backstop, the result would be a timeout.
         assert.equal(result.error.code, "internal_error");
         assert.match(result.error.message, pattern);
         await executor.dispose();
@@ -316,7 +312,8 @@ describe("protocol violations and lost runners", () => {
       const result = await executor.execute("1", []);
       const elapsed = Date.now() - startedAt;
       assert.equal(result.error.code, "internal_error");
-      assert.ok(elapsed >= 250 && elapsed < 1_500, `took ${elapsed} ms`);
+      // At least connectTimeoutMs; well under the 10 s default that would mean it was ignored.
+      assert.ok(elapsed >= 250 && elapsed < 5_000, `took ${elapsed} ms`);
     } finally {
       await silent.stop();
     }
@@ -325,14 +322,15 @@ describe("protocol violations and lost runners", () => {
   test("aborting while connecting returns timeout at once", async () => {
     const silent = await startSilentTcpServer();
     try {
-      const executor = new RunnerExecutor({ url: silent.url, connectTimeoutMs: 10_000 });
+      const executor = new RunnerExecutor({ url: silent.url, connectTimeoutMs: 30_000 });
       const controller = new AbortController();
       const pending = executor.execute("1", [], { signal: controller.signal });
       setTimeout(() => controller.abort(), 50);
       const startedAt = Date.now();
       const result = await pending;
       assert.equal(result.error.code, "timeout");
-      assert.ok(Date.now() - startedAt < 500);
+      // Not left to the 30 s connectTimeoutMs.
+      assert.ok(Date.now() - startedAt < 10_000);
       await executor.dispose();
     } finally {
       await silent.stop();

@@ -71,8 +71,8 @@ export async function startSilentTcpServer() {
   };
 }
 
-/** Resolves when `predicate()` holds, polling; rejects after `timeoutMs`. */
-export async function waitFor(predicate, timeoutMs = 2_000) {
+/** Resolves when `predicate()` holds, polling; rejects after `timeoutMs` (a bound, not a measurement). */
+export async function waitFor(predicate, timeoutMs = 10_000) {
   const deadline = Date.now() + timeoutMs;
   while (!predicate()) {
     if (Date.now() > deadline) {
@@ -80,6 +80,30 @@ export async function waitFor(predicate, timeoutMs = 2_000) {
     }
     await new Promise((resolve) => setTimeout(resolve, 5));
   }
+}
+
+/**
+ * A runner that answers `execute` with `started`, and with an ok `done` (result "late") only
+ * `lateMs` later: an event far past the host's own deadline. A result that is not "late" shows
+ * the host ended the execution first, whatever the machine's load.
+ */
+export async function startLateRunner(lateMs = 5_000) {
+  const timers = [];
+  const runner = await startFakeRunner({
+    onMessage: (message, socket) => {
+      if (message.type === "execute") {
+        socket.send(JSON.stringify({ type: "started", id: message.id }));
+        const late = { type: "done", id: message.id, ok: true, durationMs: lateMs, logs: [], result: "late" };
+        timers.push(setTimeout(() => socket.send(JSON.stringify(late)), lateMs));
+      }
+    },
+  });
+  const stop = runner.stop;
+  runner.stop = async () => {
+    timers.forEach(clearTimeout);
+    await stop();
+  };
+  return runner;
 }
 
 /**
