@@ -1,11 +1,11 @@
 """Fair shares between tenants: each active tenant computes on its weight's part of the machine,
-whatever the number of its executions (``tenants.shares``, ``pool/sharing.py``), and one tenant's
-spinning guests leave another's short executions their latency."""
+whatever the number of its executions (``tenants.shares``, ``pool/sharing.py``), judged by the CPU
+each tenant's workers spent. What that leaves another tenant's executions in latency is measured by
+``benchmarks/tenants.py``, not asserted here (the suite times nothing)."""
 
 from __future__ import annotations
 
 import http.client
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -126,34 +126,6 @@ def test_a_tenant_with_many_spinning_guests_takes_no_more_than_its_share(daemon:
     a, b = (after[name] - before.get(name, 0.0) for name in ("a", "b"))
     # About 0.45 (a was alone at first), 0.27 beside two busy loops; without shares 0.1.
     assert b / (a + b) > 0.2, (a, b)
-
-
-def test_another_tenants_spinning_guests_leave_short_executions_their_latency(daemon: Daemon) -> None:
-    """The benchmark's shape (``benchmarks/tenants.py``), with a loose bound: tenant b's p90
-    latency beside tenant a's 32 spinning guests within three times its p90 alone, plus 20 ms."""
-
-    def latencies(count: int) -> list[float]:
-        samples = []
-        with client(daemon.url, additional_headers={"Authorization": "Bearer token-b"}) as ws:
-            for index in range(count):
-                started = time.perf_counter()
-                assert run_to_done(ws, f"q{index}", "await tools.echo(1)")["ok"]
-                samples.append(time.perf_counter() - started)
-        return sorted(samples)
-
-    alone = latencies(60)
-    outcomes: list[str] = []
-    threads = [threading.Thread(target=spin, args=(daemon.url, "token-a", f"s{i}", outcomes)) for i in range(32)]
-    for thread in threads:
-        thread.start()
-    try:
-        time.sleep(0.3)
-        beside = latencies(60)
-    finally:
-        for thread in threads:
-            thread.join(timeout=30)
-    p90_alone, p90_beside = alone[53], beside[53]
-    assert p90_beside < 3 * p90_alone + 0.020, (p90_alone, p90_beside, os.cpu_count())
 
 
 def test_a_heavier_tenant_gets_more_of_a_busy_machine(tmp_path: Path) -> None:
