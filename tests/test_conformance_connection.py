@@ -50,7 +50,8 @@ def test_a_silent_runner_times_out_the_wait_and_not_more() -> None:
         began = time.monotonic()
         with pytest.raises(TimeoutError):
             ws.recv(timeout=0.2)
-        assert 0.2 <= time.monotonic() - began < 2
+        # At least the wait, and well short of the 10 s the silent runner would hold the connection.
+        assert 0.2 <= time.monotonic() - began < 5
 
 
 SESSIONS, THREADS = 800, 8

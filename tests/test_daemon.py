@@ -43,8 +43,9 @@ def test_cancel_answers_at_once_even_when_the_guest_spins(daemon: Daemon) -> Non
         done = receive(ws, timeout=5)
         waited = time.monotonic() - sent
     assert done["error"] == {"code": "timeout", "message": "Execution timed out"}
-    # The precise figure is a benchmark (benchmarks/neighbours.py --spinners 0); here: it did not wait for the guest.
-    assert waited < 1.0
+    # The precise figure is a benchmark (benchmarks/neighbours.py --spinners 0); here: it did not wait
+    # for the guest, which would have spun for 60 s.
+    assert waited < 10
 
 
 def test_timeout_is_wall_clock_and_includes_waiting_for_a_tool(daemon: Daemon) -> None:
