@@ -23,7 +23,7 @@ import errno
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
@@ -220,25 +220,23 @@ def convert(name: str, kind: type, value: object) -> object:
     return value
 
 
+# The files of tokens: how each is read, and what it would leave open without a token.
+TOKEN_FILES: Final[dict[str, tuple[Callable[[str, str], Sized], str]]] = {
+    "tokens_file": (read_tenants, "sessions open to anyone who reaches the port"),
+    "metrics_token_file": (read_tokens, "/metrics open"),
+}
+
+
 def _path_problem(name: str, value: str) -> str | None:
     """What is wrong with a path setting's file, if anything (checked once the settings agree)."""
     path = Path(value)
     if name in EXISTING_FILES and value and not path.is_file():
         return os.strerror(errno.ENOENT) if not path.exists() else "not a regular file"
-    if name == "tokens_file" and value:
+    if name in TOKEN_FILES and value:
+        read, empty = TOKEN_FILES[name]
         try:
-            if not read_tenants("", value):
-                return "holds no token (it would leave sessions open to anyone who reaches the port)"
-        except UnicodeDecodeError:
-            return NOT_TEXT
-        except ValueError as exc:
-            return str(exc)
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    if name == "metrics_token_file" and value:
-        try:
-            if not read_tokens("", value):
-                return "holds no token (it would leave /metrics open)"
+            if not read("", value):
+                return f"holds no token (it would leave {empty})"
         except UnicodeDecodeError:
             return NOT_TEXT
         except ValueError as exc:
