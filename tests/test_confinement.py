@@ -111,6 +111,9 @@ SYSTEM_CALLS = {
     "process_vm_readv": "call(310, neighbour, buffer, 1, buffer, 1, 0)",
     "process_vm_writev": "call(311, neighbour, buffer, 1, buffer, 1, 0)",
     "kcmp": "call(312, neighbour, os.getpid(), 0, 0, 0)",
+    "clock_gettime, the daemon's CPU time": "call(228, (~daemon << 3) | 2, buffer)",
+    "clock_getres, whether a process exists": "call(229, (~neighbour << 3) | 2, buffer)",
+    "clock_nanosleep, on a neighbour's CPU time": "call(230, (~neighbour << 3) | 2, 0, buffer, 0)",
     "fork": "call(57)",
     "clone": "call(56, 0x10000000, 0, 0, 0, 0)",
     "clone3": "call(435, buffer, 88)",
@@ -235,6 +238,21 @@ def attempts(compromised: Compromised) -> dict[str, str]:
 @pytest.mark.parametrize("attempt", SYSTEM_CALLS)
 def test_a_taken_over_worker_is_refused(attempts: dict[str, str], attempt: str) -> None:
     assert attempts[attempt] == "EPERM"
+
+
+# The clocks a worker reads: by number, and a runner thread's CPU time (by the ID of its clock).
+CLOCKS = """
+import threading, time
+clocks = {name: getattr(time, name) for name in dir(time) if name.startswith("CLOCK_")}
+clocks["a runner's CPU time"] = time.pthread_getcpuclockid(threading.get_ident())
+result = {name: call(228, clock, buffer) for name, clock in clocks.items()}
+"""
+
+
+def test_a_taken_over_worker_reads_every_clock_but_another_processs(compromised: Compromised) -> None:
+    read = compromised.exploit(CLOCKS)
+    assert read["CLOCK_MONOTONIC"] == read["CLOCK_THREAD_CPUTIME_ID"] == read["a runner's CPU time"] == "allowed"
+    assert set(read.values()) <= {"allowed", "EINVAL"}, read  # EINVAL: a clock this kernel lacks
 
 
 def test_a_taken_over_worker_has_only_its_channel_and_alarm_and_cannot_lift_its_limits(
