@@ -97,6 +97,8 @@ SYSTEM_CALLS = {
     "socket packet": "call(41, 17, 3, 0)",
     "socketpair": "call(53, 1, 1, 0, buffer)",
     "connect": "call(42, 3, buffer, 16)",
+    "sendmsg, passing descriptors": "call(46, 3, buffer, 0)",
+    "recvmsg": "call(47, 3, buffer, 0)",
     "kill daemon": "call(62, daemon, 9)",
     "kill neighbour": "call(62, neighbour, 9)",
     "kill everyone": "call(62, -1, 9)",

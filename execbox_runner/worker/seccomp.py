@@ -48,7 +48,7 @@ ALLOWED_SYSCALLS: Final = {
     "read": 0, "write": 1, "close": 3, "fstat": 5, "poll": 7, "lseek": 8,
     "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15,
     "sched_yield": 24, "mremap": 25, "madvise": 28, "nanosleep": 35, "getpid": 39, "sendto": 44,
-    "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "exit": 60, "getrlimit": 97, "getrusage": 98, "getuid": 102,
+    "recvfrom": 45, "exit": 60, "getrlimit": 97, "getrusage": 98, "getuid": 102,
     "getgid": 104, "geteuid": 107, "getegid": 108, "sigaltstack": 131,
     "gettid": 186, "futex": 202, "restart_syscall": 219, "exit_group": 231, "set_robust_list": 273,
     "timerfd_settime": 286, "getrandom": 318, "rseq": 334,
