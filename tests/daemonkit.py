@@ -125,13 +125,16 @@ def cpu_ticks(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def running_daemon_with_site(directory: Path, sitecustomize: str, flag: str, *args: str) -> Iterator[Daemon]:
-    """A daemon (started with ``args``) whose Python processes run ``sitecustomize`` first (placed
+def running_daemon_with_site(
+    directory: Path, sitecustomize: str, flag: str, *args: str, env: dict[str, str] | None = None
+) -> Iterator[Daemon]:
+    """A daemon (started with ``args``, and ``env`` added to its environment) whose Python processes run ``sitecustomize`` first (placed
     in ``directory``), with the environment variable ``flag`` set: how tests turn a worker into a
-    misbehaving one, or the daemon's disk into a slow one."""
-    (directory / "sitecustomize.py").write_text(sitecustomize)
+    misbehaving one, or the daemon's disk into a slow one. The module sets ``flag`` itself, for the
+    zygote and its workers, which the daemon starts without its environment's other variables."""
+    (directory / "sitecustomize.py").write_text(f"import os\nos.environ[{flag!r}] = '1'\n{sitecustomize}")
     path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
-    with running_daemon(*args, env={"PYTHONPATH": path, flag: "1"}) as daemon:
+    with running_daemon(*args, env={**(env or {}), "PYTHONPATH": path, flag: "1"}) as daemon:
         yield daemon
 
 

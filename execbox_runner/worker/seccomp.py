@@ -2,9 +2,10 @@
 
 A raw BPF program for x86-64 (``sandbox.confine`` installs it last, with TSYNC, so that it covers
 every thread of the worker): the calls in ``ALLOWED_SYSCALLS``; ``mmap`` and ``mprotect`` without
-``PROT_EXEC``; ``prlimit64`` only to read this process's own limits. Any other call fails with
-``EPERM``; a call through another system-call interface (32-bit, x32) kills the process. The
-program and the call that installs it are made once, by the zygote before it forks.
+``PROT_EXEC``; ``prlimit64`` only to read this process's own limits; the clock calls on any clock
+but another process's CPU-time clock. Any other call fails with ``EPERM``; a call through another
+system-call interface (32-bit, x32) kills the process. The program and the call that installs it
+are made once, by the zygote before it forks.
 """
 
 from __future__ import annotations
@@ -47,22 +48,30 @@ ALLOWED_SYSCALLS: Final = {
     "read": 0, "write": 1, "close": 3, "fstat": 5, "poll": 7, "lseek": 8,
     "munmap": 11, "brk": 12, "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15,
     "sched_yield": 24, "mremap": 25, "madvise": 28, "nanosleep": 35, "getpid": 39, "sendto": 44,
-    "recvfrom": 45, "sendmsg": 46, "recvmsg": 47, "exit": 60, "getrlimit": 97, "getrusage": 98, "getuid": 102,
+    "recvfrom": 45, "exit": 60, "getrlimit": 97, "getrusage": 98, "getuid": 102,
     "getgid": 104, "geteuid": 107, "getegid": 108, "sigaltstack": 131,
-    "gettid": 186, "futex": 202, "restart_syscall": 219, "clock_gettime": 228, "clock_getres": 229,
-    "clock_nanosleep": 230, "exit_group": 231, "set_robust_list": 273, "timerfd_settime": 286,
-    "getrandom": 318, "rseq": 334,
+    "gettid": 186, "futex": 202, "restart_syscall": 219, "exit_group": 231, "set_robust_list": 273,
+    "timerfd_settime": 286, "getrandom": 318, "rseq": 334,
 }  # fmt: skip
 # Allowed only for some arguments: mmap and mprotect without PROT_EXEC (W^X: QuickJS does
 # not JIT, so no new code is ever mapped); prlimit64 only to read this process's limits.
 _MMAP: Final = 9
 _MPROTECT: Final = 10
 _PRLIMIT64: Final = 302
+# clock_gettime, clock_getres and clock_nanosleep: on the clocks named by number (CLOCK_MONOTONIC,
+# ...) and a thread's CPU-time clock (the runners time each other's steps; the kernel keeps them to
+# this process's threads), not on another process's CPU-time clock (negative, without the thread
+# bit), which the kernel gives for any PID: every process's CPU time, the daemon's and other
+# tenants' workers' included, and which PIDs exist.
+_CLOCK_CALLS: Final = (228, 229, 230)
+_CLOCK_NEGATIVE: Final = 0x80000000
+_CLOCK_PER_THREAD: Final = 4
 
 
 def _filter(allowed: Iterable[int]) -> bytes:
-    """The seccomp BPF program: allow ``allowed``, mmap and mprotect without PROT_EXEC, and
-    prlimit64 reading this process's limits; EPERM the rest."""
+    """The seccomp BPF program: allow ``allowed``, mmap and mprotect without PROT_EXEC, prlimit64
+    reading this process's limits, and the clock calls but on another process's clock; EPERM the
+    rest."""
     program: list[tuple[int, int, str, str]] = []  # (code, k, jump if true, if false): labels, "" the next
     labels: dict[str, int] = {}
 
@@ -80,6 +89,8 @@ def _filter(allowed: Iterable[int]) -> bytes:
         emit(_JEQ_K, number, true="allow")
     emit(_JEQ_K, _MMAP, true="check_prot")
     emit(_JEQ_K, _MPROTECT, true="check_prot")
+    for number in _CLOCK_CALLS:
+        emit(_JEQ_K, number, true="check_clock")
     emit(_JEQ_K, _PRLIMIT64, false="deny")
     emit(_LD_W_ABS, _OFFSET_ARG0_LOW)
     emit(_JEQ_K, 0, false="deny")  # another process
@@ -90,6 +101,10 @@ def _filter(allowed: Iterable[int]) -> bytes:
     label("check_prot")
     emit(_LD_W_ABS, _OFFSET_ARG2_LOW)
     emit(_JSET_K, mmap.PROT_EXEC, true="deny", false="allow")
+    label("check_clock")
+    emit(_LD_W_ABS, _OFFSET_ARG0_LOW)
+    emit(_JSET_K, _CLOCK_NEGATIVE, false="allow")
+    emit(_JSET_K, _CLOCK_PER_THREAD, true="allow", false="deny")
     label("deny")
     emit(_RET_K, _RET_ERRNO | errno.EPERM)
     label("allow")

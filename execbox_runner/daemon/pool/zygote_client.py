@@ -4,6 +4,10 @@ Workers are the zygote's children, so only the zygote learns their wait status,
 and reports it here; workers that outlive their zygote come back to the daemon,
 a child subreaper, whose reaper reports theirs. A dead zygote is started again
 at the next fork.
+
+The zygote, and so every worker, gets only the part of the daemon's environment that starting
+the interpreter needs (``worker_environment``): the daemon's may hold its tokens and other secrets,
+which a worker taken over by guest code would find in its own memory.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import struct
 import subprocess
 import sys
 from collections import deque
+from collections.abc import Mapping
 from typing import Final
 
 import trio
@@ -24,6 +29,22 @@ from . import reaper
 
 # How long an exited worker's wait status may take to reach the daemon before it is called unknown.
 STATUS_WAIT_S: Final = 2.0
+# The variables of the daemon's environment the zygote is started with: the interpreter's (its
+# paths), the loader's and the C library's (libraries, allocator), the locale and the time zone
+# (guest dates use it). None of them is the daemon's setting or a secret.
+WORKER_VARIABLES: Final = frozenset({"LANG", "LANGUAGE", "TZ", "GLIBC_TUNABLES"})
+WORKER_VARIABLE_PREFIXES: Final = ("PYTHON", "LD_", "LC_", "MALLOC_")
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What of ``environ`` (the daemon's) the zygote and its workers get, and their own settings."""
+    kept = {
+        name: value
+        for name, value in environ.items()
+        if name in WORKER_VARIABLES or name.startswith(WORKER_VARIABLE_PREFIXES)
+    }
+    # One malloc arena: fewer address-space reservations under the workers' RLIMIT_AS.
+    return {**kept, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "1"}
 
 
 class _Exit:
@@ -75,8 +96,7 @@ class ZygoteClient:
                 [sys.executable, "-m", "execbox_runner.worker.zygote", str(child.fileno()), *self.worker_args],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
-                # One malloc arena: fewer address-space reservations under the workers' RLIMIT_AS.
-                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "MALLOC_ARENA_MAX": "1"},
+                env=worker_environment(os.environ),
             )
         except BaseException:
             parent.close()
