@@ -105,6 +105,25 @@ def test_leaving_the_events_early_cancels_the_execution(backend: str, daemon: Da
 
 
 @backends
+def test_leaving_the_events_as_the_execution_ends_raises_nothing_of_its_own(backend: str, daemon: Daemon) -> None:
+    """The done comes in while the block is left after the first line: it is dropped, and the block
+    ends with the caller's own exception, or none, never a group of the client's."""
+
+    async def leave(how: str) -> None:
+        async with Runner.connect(daemon.url).events("console.log('only'); 2") as events:
+            async for event in events:
+                assert event == LogEvent("only")
+                if how == "raise":
+                    raise KeyError("the caller's own")
+                break
+
+    for _ in range(10):
+        anyio.run(leave, "break", backend=backend)
+        with pytest.raises(KeyError, match="the caller's own"):
+            anyio.run(leave, "raise", backend=backend)
+
+
+@backends
 def test_a_runner_error_is_raised_by_the_iteration(backend: str) -> None:
     async def unreachable() -> None:
         async with Runner.connect("ws://127.0.0.1:9/", connect_timeout=5).events("1") as events:

@@ -182,14 +182,16 @@ class Runner:
                     stream.failure = exc
 
         failure: Exception | None = None
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(run)
-            try:
-                with receive:
+        # The receiving end stays open until the execution has stopped: events it still sends as the
+        # block is left (its ``done``, a last line) are dropped, not a ``BrokenResourceError``.
+        with receive:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(run)
+                try:
                     yield stream
-            except Exception as exc:  # raised below, outside the task group, so it is not wrapped in a group
-                failure = exc
-            task_group.cancel_scope.cancel()  # the block is left: an execution still running is cancelled
+                except Exception as exc:  # raised below, outside the task group, so it is not wrapped in a group
+                    failure = exc
+                task_group.cancel_scope.cancel()  # the block is left: an execution still running is cancelled
         if failure is not None:
             raise failure
 
