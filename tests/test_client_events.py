@@ -72,6 +72,31 @@ def test_on_log_gets_every_line_once_from_a_runner_without_live_logs() -> None:
     assert seen == result.logs == ["a", "b"]
 
 
+@backends
+def test_an_on_log_that_raises_cancels_the_execution_and_is_raised_as_it_is(backend: str) -> None:
+    def runner_side(connection: ServerConnection, received: list[Any]) -> None:
+        execute = json.loads(connection.recv(timeout=10))
+        connection.send(json.dumps({"type": "started", "id": execute["id"]}))
+        for line in ("first", "second"):
+            connection.send(json.dumps({"type": "log", "id": execute["id"], "lines": [line]}))
+        received.append(json.loads(connection.recv(timeout=10)))
+        error = {"code": "timeout", "message": "Execution timed out"}
+        done = {"type": "done", "id": execute["id"], "ok": False, "durationMs": 1, "logs": ["first"], "error": error}
+        connection.send(json.dumps(done))
+        connection.recv(timeout=10)  # until the client closes
+
+    seen: list[str] = []
+
+    def show(line: str) -> None:
+        seen.append(line)
+        raise RuntimeError("the display is gone")
+
+    with scripted_runner(runner_side) as (url, received), pytest.raises(RuntimeError, match="the display is gone"):
+        anyio.run(lambda: Runner.connect(url).execute("whatever", on_log=show), backend=backend)
+    assert received == [{"type": "cancel", "id": received[0]["id"]}]
+    assert seen == ["first"]  # not called again, not even with the done's lines
+
+
 async def collect(runner: Runner, code: str, providers: Any = None, **limits: Any) -> list[Event]:
     async with runner.events(code, providers, **limits) as events:
         return [event async for event in events]

@@ -7,8 +7,9 @@ This is execbox's host session in Python: send ``execute``, answer every
 - a backstop at ``timeoutMs`` + 100 ms sends ``cancel`` in case the runner
   missed its own deadline, and drops the connection 25 ms later if no
   ``done`` came (the result is then ``timeout``, with no logs);
-- cancelling the awaiting task sends ``cancel``, waits at most those 25 ms
-  for the ``done`` (so the runner can keep its worker), and re-raises;
+- cancelling the awaiting task, or an exception from ``observe``, sends ``cancel``,
+  waits at most those 25 ms for the ``done`` (so the runner can keep its worker),
+  and re-raises;
 - a connection that ends before ``done`` raises ``RunnerDisconnected``, a
   frame that is not a runner message ``RunnerProtocolError``;
 - every tool call the runner sends is the host's to run, as execbox's host starts
@@ -88,7 +89,8 @@ class Execution:
         """Run to the ``done`` (or the backstop); always leaves the connection closed."""
         try:
             return await self._run()
-        except anyio.get_cancelled_exc_class():
+        except BaseException:  # cancelled, or ``observe`` raised: tell the runner to stop, show nothing more
+            self._observe = None
             with anyio.CancelScope(shield=True):
                 await self._cancel()
             raise
@@ -100,14 +102,14 @@ class Execution:
 
     async def _run(self) -> ExecuteResult:
         started_at = anyio.current_time()
-        failure: RunnerError | None = None
+        failure: Exception | None = None
         async with anyio.create_task_group() as tools:
             try:
                 await self._websocket.send_text(encode(self._execute))
                 with anyio.move_on_after(self._execute.options.timeoutMs / 1000 + HOST_BACKSTOP_S):
                     await self._until_done(tools)
-            except RunnerError as exc:
-                failure = exc  # raised below, outside the task group, so it is not wrapped in a group
+            except Exception as exc:  # a ``RunnerError``, or ``observe``'s own: raised below, outside the task
+                failure = exc  # group, so that it is not wrapped in a group
             if self._done is not None:
                 await self._let_tools_start()
             tools.cancel_scope.cancel()  # the execution is over: stop tools still running

@@ -134,6 +134,7 @@ class Runner:
 
         ``on_log`` is called with each line the guest logs, once and in order: as the guest writes
         it on a runner offering live logs, else all at the end (the result's ``logs`` has them too).
+        An exception it raises cancels the execution and is raised by ``execute`` as it is.
 
         Returns the result for anything the guest did (including ``timeout``);
         raises a ``RunnerError`` when the runner could not run it. Before anything runs, it raises
