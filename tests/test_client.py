@@ -498,6 +498,18 @@ def test_cancelling_sends_cancel_and_takes_the_runners_done(backend: str) -> Non
 
 
 @backends
+def test_a_runner_that_closes_the_connection_says_with_which_code_and_why(backend: str, daemon: Daemon) -> None:
+    def too_big() -> str:
+        return "x" * (16 * 1024 * 1024)  # with its message around it, over the daemon's --max-message-bytes
+
+    with pytest.raises(RunnerDisconnected) as closed:
+        run(backend, Runner.connect(daemon.url), "(await t.too_big()).length", {"t": {"too_big": too_big}})
+    assert closed.value.code == 1009
+    assert re.fullmatch(r"the runner closed the connection \(1009: .*exceeds limit.*\)", str(closed.value))
+    assert closed.value.reason in str(closed.value)
+
+
+@backends
 def test_a_runner_that_vanishes_or_talks_nonsense(backend: str) -> None:
     def vanish(connection: ServerConnection, received: list[Any]) -> None:
         connection.recv(timeout=10)
