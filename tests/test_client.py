@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from typing import Any
 import anyio
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
 from websockets.sync.server import ServerConnection
 
 from execbox_runner.client import (
@@ -322,6 +324,29 @@ def test_a_full_runner_is_refused(backend: str, guarded: Daemon) -> None:
             with contextlib.suppress(InvalidStatus):
                 held.enter_context(client(guarded.url, additional_headers={"Authorization": "Bearer right-token"}))
     raise AssertionError("never refused")
+
+
+@backends
+def test_retries_wait_as_the_runner_says_but_never_past_the_timeout(backend: str) -> None:
+    """Each handshake is answered 503 with ``Retry-After: 0.2``: three retries fit a 5 s timeout, and
+    none fits a 100 ms one, which gets the refusal at once rather than after waiting."""
+    handshakes: list[str] = []
+
+    def busy(connection: ServerConnection, request: Request) -> Response:
+        handshakes.append(request.path)
+        response = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "busy\n")
+        response.headers["Retry-After"] = "0.2"
+        return response
+
+    for timeout_ms, attempts in [(5000, 4), (100, 1)]:
+        handshakes.clear()
+        with (
+            scripted_runner(record_until_closed, process_request=busy) as (url, _),
+            pytest.raises(RunnerBusy) as refused,
+        ):
+            run(backend, Runner.connect(url, retries=3), "1", timeout_ms=timeout_ms)
+        assert (refused.value.status, refused.value.retry_after) == (503, 0.2)
+        assert len(handshakes) == attempts
 
 
 @backends

@@ -103,8 +103,9 @@ class Runner:
         ASCII without spaces. Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
         and unreachable runners surface from ``execute``. With ``retries``, a handshake refused
         as busy (503) or over a quota (429) is tried again up to that many times, after the
-        runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff; nothing
-        has run when a handshake is refused, so a retry never runs code twice.
+        runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff, as long as
+        that wait ends within the execution's ``timeout_ms`` (else the refusal is raised at once);
+        nothing has run when a handshake is refused, so a retry never runs code twice.
         """
         checked_url(url)
         check_token(token)
@@ -202,13 +203,14 @@ class Runner:
         execute = Execute(id=f"exec-{uuid.uuid4().hex}", code=code, options=options, providers=resolved.manifests)
         with tracing.execution_span(execute.id) as trace_headers:
             headers = (*trace_headers, *(LIVE_LOGS if observe is not None else ()))
-            websocket = await self._open(headers)
+            websocket = await self._open(headers, anyio.current_time() + options.timeoutMs / 1000)
             result = await Execution(websocket, execute, resolved, observe).run()
             tracing.finished(result.ok, None if result.error is None else result.error.code)
             return result
 
-    async def _open(self, headers: tuple[tuple[str, str], ...]) -> WebSocket:
-        """The execution's connection; a busy or over-quota refusal retried as ``retries`` says, and
+    async def _open(self, headers: tuple[tuple[str, str], ...], retry_by: float) -> WebSocket:
+        """The execution's connection; a busy or over-quota refusal retried as ``retries`` says, if
+        the wait ends by ``retry_by`` (the execution's timeout, as the TypeScript client does), and
         a private daemon that has exited started again first."""
         attempt = 0
         while True:
@@ -223,9 +225,10 @@ class Runner:
                     headers=headers,
                 )
             except (QuotaExceeded, RunnerBusy) as refused:
-                if attempt >= self.retries:
+                wait = min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S)
+                if attempt >= self.retries or anyio.current_time() + wait > retry_by:
                     raise
-                await anyio.sleep(min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S))
+                await anyio.sleep(wait)
                 attempt += 1
 
     def _url(self) -> str:
