@@ -647,3 +647,21 @@ def test_tools_that_cannot_be_described_are_refused_up_front() -> None:
         Providers({"t": {"f": lambda *args: None}})
     with pytest.raises(ValueError, match="invalid JSON Schema"):
         Providers({"t": {"f": Tool(print, input_schema={"type": "no-such-type"})}})
+
+
+def test_tools_whose_signature_cannot_be_read_are_refused_naming_the_tool() -> None:
+    @dataclasses.dataclass
+    class Local:  # with ``from __future__ import annotations``, a hint naming it cannot be resolved
+        x: int
+
+    def uses_local(value: Local) -> int:
+        return value.x
+
+    with pytest.raises(TypeError, match=r"^tool 'f': cannot resolve its type hints \(name 'Local' is not defined\)"):
+        Providers({"t": {"f": uses_local}})
+    for tool, kind, message in [
+        (dict, ValueError, "tool 'f': no signature found for builtin type <class 'dict'>; give a Python function"),
+        (None, TypeError, "tool 'f': None is not a callable object; give a Python function"),
+    ]:
+        with pytest.raises(kind, match=f"^{re.escape(message)}$"):
+            Providers({"t": {"f": tool}})
