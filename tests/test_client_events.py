@@ -54,6 +54,22 @@ def test_on_log_sees_each_line_as_the_guest_writes_it(backend: str, daemon: Daem
     assert seen == result.logs == ["one", "two", "three"]
 
 
+@backends
+def test_an_async_on_log_is_awaited_for_each_line(backend: str, daemon: Daemon) -> None:
+    seen: list[str] = []
+
+    async def show(line: str) -> None:
+        await anyio.sleep(0)  # as a display pushing the line somewhere would
+        seen.append(line)
+
+    code = "console.log('one'); await t.pause(); console.log('two'); 3"
+    result = anyio.run(
+        lambda: Runner.connect(daemon.url).execute(code, {"t": {"pause": lambda: None}}, on_log=show), backend=backend
+    )
+    assert result.ok, result.error
+    assert seen == result.logs == ["one", "two"]
+
+
 def runner_without_live_logs(connection: ServerConnection, received: list[Any]) -> None:
     """execbox's own runner, as far as logs go: every line in the ``done``."""
     execute = json.loads(connection.recv(timeout=10))

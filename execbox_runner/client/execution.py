@@ -17,12 +17,13 @@ This is execbox's host session in Python: send ``execute``, answer every
   before it start (``TOOL_START_S`` at most), then those still running are stopped
   (a plain function's thread is left to finish, its result unused).
 
-An ``observe`` callable sees each log line (live from a runner offering the ``live-logs``
+An ``observe`` callable (or coroutine function) sees each log line (live from a runner offering the ``live-logs``
 extension, else from the ``done``; each line once, in order) and each tool call as it comes.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -127,29 +128,35 @@ class Execution:
         while self._done is None:
             message = _decode(await self._websocket.receive())
             if isinstance(message, ToolCall) and tools is not None:
-                self._show_call(message)
+                await self._show_call(message)
                 began = threading.Event()
                 self._beginnings.append(began)
                 tools.start_soon(self._answer, message, began)
             elif isinstance(message, Log) and message.id == self._execute.id:
-                self._show_lines(message.lines)
+                await self._show_lines(message.lines)
             elif isinstance(message, Done) and message.id == self._execute.id:
                 self._done = message
-                self._show_lines(message.logs[self._shown :])  # all of them, from a runner without live logs
+                await self._show_lines(message.logs[self._shown :])  # all of them, from a runner without live logs
             elif isinstance(message, Started) and message.id == self._execute.id:
                 self._started = True
             # messages about another execution id need no answer
 
-    def _show_lines(self, lines: list[str]) -> None:
-        if self._observe is not None:
-            for line in lines:
-                self._observe(LogEvent(line))
+    async def _show_lines(self, lines: list[str]) -> None:
+        for line in lines:
+            await self._show(LogEvent(line))
         self._shown += len(lines)
 
-    def _show_call(self, call: ToolCall) -> None:
+    async def _show_call(self, call: ToolCall) -> None:
         if self._observe is not None:
             value = None if call.input is UNSET else msgspec.json.decode(call.input)
-            self._observe(ToolCallEvent(call.providerName, call.safeToolName, value))
+            await self._show(ToolCallEvent(call.providerName, call.safeToolName, value))
+
+    async def _show(self, event: LogEvent | ToolCallEvent) -> None:
+        """Give ``event`` to ``observe``, awaiting what it returns if that is awaitable (an async ``on_log``)."""
+        if self._observe is not None:
+            shown = self._observe(event)
+            if inspect.isawaitable(shown):
+                await shown
 
     async def _let_tools_start(self) -> None:
         """Wait until every tool called has started (or waits for approval, or failed before)."""

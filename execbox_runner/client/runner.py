@@ -133,8 +133,9 @@ class Runner:
     ) -> ExecuteResult:
         """Run ``code`` with ``providers`` (``{"namespace": {"tool": callable}}``) as guest globals.
 
-        ``on_log`` is called with each line the guest logs, once and in order: as the guest writes
-        it on a runner offering live logs, else all at the end (the result's ``logs`` has them too).
+        ``on_log`` (a function, or an async one, which is awaited) is called with each line the guest
+        logs, once and in order: as the guest writes it on a runner offering live logs, else all at
+        the end (the result's ``logs`` has them too).
         An exception it raises cancels the execution and is raised by ``execute`` as it is.
 
         Returns the result for anything the guest did (including ``timeout``);
@@ -287,9 +288,8 @@ class EventStream:
             raise StopAsyncIteration from None
 
 
-def _log_lines_to(on_log: Callable[[str], object], event: LogEvent | ToolCallEvent) -> None:
-    if isinstance(event, LogEvent):
-        on_log(event.line)
+def _log_lines_to(on_log: Callable[[str], object], event: LogEvent | ToolCallEvent) -> object:
+    return on_log(event.line) if isinstance(event, LogEvent) else None
 
 
 def _checked_limits(method: str, limits: Limits) -> RuntimeOptions:
