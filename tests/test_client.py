@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from execbox_runner.client import (
     safe_name,
 )
 
-from .daemonkit import Daemon, certificate, children_of, client, running_daemon, scripted_runner
+from .daemonkit import Daemon, certificate, children_of, client, process_state, running_daemon, scripted_runner
 
 BACKENDS = ["asyncio", "trio"]
 backends = pytest.mark.parametrize("backend", BACKENDS)
@@ -588,6 +589,27 @@ async def test_local_runner_async() -> None:
         await runner.execute("1")
     with pytest.raises(RunnerUnavailable):
         await Runner.connect(url).execute("1")
+
+
+def test_a_local_runner_stops_by_itself_when_its_host_process_is_killed() -> None:
+    """A host killed with SIGKILL cannot stop its private daemon: the daemon sees its owner gone, drains
+    and exits, with its workers, rather than serving on as an orphan."""
+    host_code = "import time\nfrom execbox_runner.client import Runner\nwith Runner.local():\n    print('in', flush=True)\n    time.sleep(300)"
+    host = subprocess.Popen([sys.executable, "-c", host_code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None and host.stdout.readline() == "in\n"
+        [daemon] = children_of(host.pid)
+        owned = [daemon, *descendants(daemon)]
+    finally:
+        host.kill()
+        host.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while any(process_state(pid) not in ("gone", "Z") for pid in owned) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    serving = [pid for pid in owned if process_state(pid) not in ("gone", "Z")]  # a zombie until init reaps it
+    for pid in serving:
+        os.kill(pid, signal.SIGKILL)
+    assert serving == []
 
 
 def test_exec_command(daemon: Daemon, tmp_path: Path) -> None:
