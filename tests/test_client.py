@@ -294,6 +294,21 @@ def test_sync_api(daemon: Daemon) -> None:
     assert guest_error.error == ErrorInfo("runtime_error", "nope")
 
 
+@backends
+def test_execute_sync_in_an_event_loop_says_to_await_execute(backend: str, daemon: Daemon) -> None:
+    runner = Runner.connect(daemon.url)
+
+    def nested() -> Any:
+        return runner.execute_sync("40 + 2").result  # a worker thread runs no loop: allowed
+
+    async def scenario() -> Any:
+        with pytest.raises(RuntimeError, match=rf"\({backend}: .*use `await runner.execute\(...\)` there$"):
+            runner.execute_sync("1")
+        return (await runner.execute("await t.nested()", {"t": {"nested": nested}})).result
+
+    assert anyio.run(scenario, backend=backend) == 42
+
+
 # ---------------------------------------------------------------- refusals and failures
 
 

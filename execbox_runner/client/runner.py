@@ -21,6 +21,7 @@ from typing import Final, TypedDict, Unpack
 import anyio
 import anyio.to_thread
 import msgspec
+import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..protocol import extensions
@@ -155,8 +156,20 @@ class Runner:
         on_log: Callable[[str], object] | None = None,
         **limits: Unpack[Limits],
     ) -> ExecuteResult:
-        """``execute`` for synchronous code (its own event loop; call it from any thread without one)."""
+        """``execute`` for synchronous code (its own event loop; call it from any thread without one).
+
+        Raises ``RuntimeError`` in a thread that runs an event loop (an async function, a notebook),
+        saying to ``await runner.execute(...)`` there instead."""
         _checked_limits("execute_sync", limits)
+        try:
+            running = sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            running = None
+        if running is not None:
+            raise RuntimeError(
+                f"Runner.execute_sync() cannot run in a thread that runs an event loop ({running}: an async "
+                "function, a notebook); use `await runner.execute(...)` there"
+            )
         return anyio.run(partial(self.execute, code, providers, on_log=on_log, **limits))
 
     @contextlib.asynccontextmanager
