@@ -463,6 +463,15 @@ def test_a_bad_url_or_token_is_refused_by_connect() -> None:
     ]:
         with pytest.raises(ValueError, match=re.escape(f"not a ws:// or wss:// URL: {url!r} ({reason})")):
             Runner.connect(url)
+    for keyword, value, message in [
+        ("connect_timeout", 0, "connect_timeout must be a number of seconds above 0, not 0"),
+        ("connect_timeout", "5", "connect_timeout must be a number of seconds above 0, not '5'"),
+        ("connect_timeout", math.nan, "connect_timeout must be a number of seconds above 0, not nan"),
+        ("retries", -1, "retries must be a whole number from 0, not -1"),
+        ("retries", "3", "retries must be a whole number from 0, not '3'"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            Runner.connect("ws://127.0.0.1:1/", **{keyword: value})
     for token in ["a\nb", "", "two words", "t\u00f6ken"]:
         with pytest.raises(ValueError, match=r"^the token must be printable ASCII without spaces, and not empty"):
             Runner.connect("ws://127.0.0.1:1/", token=token)  # the message never shows the token

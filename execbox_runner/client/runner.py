@@ -80,6 +80,10 @@ class Runner:
         connect_timeout: float = 10.0,
         retries: int = 0,
     ) -> None:
+        if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float) or not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be a number of seconds above 0, not {connect_timeout!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be a whole number from 0, not {retries!r}")
         self.url = url
         self.token = token
         self.ssl_context = ssl_context
@@ -100,9 +104,11 @@ class Runner:
         """A runner at ``ws://`` or ``wss://`` URL, authenticated with a bearer ``token``.
 
         Raises ``ValueError`` at once, saying why, for a URL that is not ``ws://`` or ``wss://`` with
-        a host (and a port from 1 to 65535, if any), and for a token that is empty or not printable
-        ASCII without spaces. Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
-        and unreachable runners surface from ``execute``. With ``retries``, a handshake refused
+        a host (and a port from 1 to 65535, if any), for a token that is empty or not printable
+        ASCII without spaces, for a ``connect_timeout`` that is not a number of seconds above 0 and
+        for ``retries`` that is not a whole number from 0. Nothing is connected yet: refusals
+        (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``) and unreachable runners surface from
+        ``execute``. With ``retries``, a handshake refused
         as busy (503) or over a quota (429) is tried again up to that many times, after the
         runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff, as long as
         that wait ends within the execution's ``timeout_ms`` (else the refusal is raised at once);
