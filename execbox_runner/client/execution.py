@@ -17,8 +17,9 @@ This is execbox's host session in Python: send ``execute``, answer every
   before it start (``TOOL_START_S`` at most), then those still running are stopped
   (a plain function's thread is left to finish, its result unused).
 
-An ``observe`` callable (or coroutine function) sees each log line (live from a runner offering the ``live-logs``
-extension, else from the ``done``; each line once, in order) and each tool call as it comes.
+An ``observe`` callable (awaited if it returns an awaitable) sees each log line (live from a
+runner offering the ``live-logs`` extension, else from the ``done``; each line once, in order)
+and each tool call as it comes.
 """
 
 from __future__ import annotations

@@ -108,11 +108,11 @@ class Runner:
         ASCII without spaces, for a ``connect_timeout`` that is not a number of seconds above 0 and
         for ``retries`` that is not a whole number from 0. Nothing is connected yet: refusals
         (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``) and unreachable runners surface from
-        ``execute``. With ``retries``, a handshake refused
-        as busy (503) or over a quota (429) is tried again up to that many times, after the
-        runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff, as long as
-        that wait ends within the execution's ``timeout_ms`` (else the refusal is raised at once);
-        nothing has run when a handshake is refused, so a retry never runs code twice.
+        ``execute``. With ``retries``, a handshake refused as busy (503) or over a quota (429) is
+        tried again up to that many times, after the runner's ``Retry-After`` (at most
+        ``MAX_RETRY_WAIT_S``) or a doubling backoff, as long as that wait ends within the
+        execution's ``timeout_ms`` (else the refusal is raised at once); nothing has run when a
+        handshake is refused, so a retry never runs code twice.
         """
         checked_url(url)
         check_token(token)
