@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import http
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 import anyio
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
 from websockets.sync.server import ServerConnection
 
 from execbox_runner.client import (
@@ -41,7 +44,7 @@ from execbox_runner.client import (
     safe_name,
 )
 
-from .daemonkit import Daemon, certificate, children_of, client, running_daemon, scripted_runner
+from .daemonkit import Daemon, certificate, children_of, client, process_state, running_daemon, scripted_runner
 
 BACKENDS = ["asyncio", "trio"]
 backends = pytest.mark.parametrize("backend", BACKENDS)
@@ -291,6 +294,21 @@ def test_sync_api(daemon: Daemon) -> None:
     assert guest_error.error == ErrorInfo("runtime_error", "nope")
 
 
+@backends
+def test_execute_sync_in_an_event_loop_says_to_await_execute(backend: str, daemon: Daemon) -> None:
+    runner = Runner.connect(daemon.url)
+
+    def nested() -> Any:
+        return runner.execute_sync("40 + 2").result  # a worker thread runs no loop: allowed
+
+    async def scenario() -> Any:
+        with pytest.raises(RuntimeError, match=rf"\({backend}: .*use `await runner.execute\(...\)` there$"):
+            runner.execute_sync("1")
+        return (await runner.execute("await t.nested()", {"t": {"nested": nested}})).result
+
+    assert anyio.run(scenario, backend=backend) == 42
+
+
 # ---------------------------------------------------------------- refusals and failures
 
 
@@ -322,6 +340,29 @@ def test_a_full_runner_is_refused(backend: str, guarded: Daemon) -> None:
             with contextlib.suppress(InvalidStatus):
                 held.enter_context(client(guarded.url, additional_headers={"Authorization": "Bearer right-token"}))
     raise AssertionError("never refused")
+
+
+@backends
+def test_retries_wait_as_the_runner_says_but_never_past_the_timeout(backend: str) -> None:
+    """Each handshake is answered 503 with ``Retry-After: 0.2``: three retries fit a 5 s timeout, and
+    none fits a 100 ms one, which gets the refusal at once rather than after waiting."""
+    handshakes: list[str] = []
+
+    def busy(connection: ServerConnection, request: Request) -> Response:
+        handshakes.append(request.path)
+        response = connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "busy\n")
+        response.headers["Retry-After"] = "0.2"
+        return response
+
+    for timeout_ms, attempts in [(5000, 4), (100, 1)]:
+        handshakes.clear()
+        with (
+            scripted_runner(record_until_closed, process_request=busy) as (url, _),
+            pytest.raises(RunnerBusy) as refused,
+        ):
+            run(backend, Runner.connect(url, retries=3), "1", timeout_ms=timeout_ms)
+        assert (refused.value.status, refused.value.retry_after) == (503, 0.2)
+        assert len(handshakes) == attempts
 
 
 @backends
@@ -422,6 +463,15 @@ def test_a_bad_url_or_token_is_refused_by_connect() -> None:
     ]:
         with pytest.raises(ValueError, match=re.escape(f"not a ws:// or wss:// URL: {url!r} ({reason})")):
             Runner.connect(url)
+    for keyword, value, message in [
+        ("connect_timeout", 0, "connect_timeout must be a number of seconds above 0, not 0"),
+        ("connect_timeout", "5", "connect_timeout must be a number of seconds above 0, not '5'"),
+        ("connect_timeout", math.nan, "connect_timeout must be a number of seconds above 0, not nan"),
+        ("retries", -1, "retries must be a whole number from 0, not -1"),
+        ("retries", "3", "retries must be a whole number from 0, not '3'"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            Runner.connect("ws://127.0.0.1:1/", **{keyword: value})
     for token in ["a\nb", "", "two words", "t\u00f6ken"]:
         with pytest.raises(ValueError, match=r"^the token must be printable ASCII without spaces, and not empty"):
             Runner.connect("ws://127.0.0.1:1/", token=token)  # the message never shows the token
@@ -498,6 +548,18 @@ def test_cancelling_sends_cancel_and_takes_the_runners_done(backend: str) -> Non
 
 
 @backends
+def test_a_runner_that_closes_the_connection_says_with_which_code_and_why(backend: str, daemon: Daemon) -> None:
+    def too_big() -> str:
+        return "x" * (16 * 1024 * 1024)  # with its message around it, over the daemon's --max-message-bytes
+
+    with pytest.raises(RunnerDisconnected) as closed:
+        run(backend, Runner.connect(daemon.url), "(await t.too_big()).length", {"t": {"too_big": too_big}})
+    assert closed.value.code == 1009
+    assert re.fullmatch(r"the runner closed the connection \(1009: .*exceeds limit.*\)", str(closed.value))
+    assert closed.value.reason in str(closed.value)
+
+
+@backends
 def test_a_runner_that_vanishes_or_talks_nonsense(backend: str) -> None:
     def vanish(connection: ServerConnection, received: list[Any]) -> None:
         connection.recv(timeout=10)
@@ -551,6 +613,27 @@ async def test_local_runner_async() -> None:
         await runner.execute("1")
     with pytest.raises(RunnerUnavailable):
         await Runner.connect(url).execute("1")
+
+
+def test_a_local_runner_stops_by_itself_when_its_host_process_is_killed() -> None:
+    """A host killed with SIGKILL cannot stop its private daemon: the daemon sees its owner gone, drains
+    and exits, with its workers, rather than serving on as an orphan."""
+    host_code = "import time\nfrom execbox_runner.client import Runner\nwith Runner.local():\n    print('in', flush=True)\n    time.sleep(300)"
+    host = subprocess.Popen([sys.executable, "-c", host_code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None and host.stdout.readline() == "in\n"
+        [daemon] = children_of(host.pid)
+        owned = [daemon, *descendants(daemon)]
+    finally:
+        host.kill()
+        host.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while any(process_state(pid) not in ("gone", "Z") for pid in owned) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    serving = [pid for pid in owned if process_state(pid) not in ("gone", "Z")]  # a zombie until init reaps it
+    for pid in serving:
+        os.kill(pid, signal.SIGKILL)
+    assert serving == []
 
 
 def test_exec_command(daemon: Daemon, tmp_path: Path) -> None:
@@ -610,3 +693,21 @@ def test_tools_that_cannot_be_described_are_refused_up_front() -> None:
         Providers({"t": {"f": lambda *args: None}})
     with pytest.raises(ValueError, match="invalid JSON Schema"):
         Providers({"t": {"f": Tool(print, input_schema={"type": "no-such-type"})}})
+
+
+def test_tools_whose_signature_cannot_be_read_are_refused_naming_the_tool() -> None:
+    @dataclasses.dataclass
+    class Local:  # with ``from __future__ import annotations``, a hint naming it cannot be resolved
+        x: int
+
+    def uses_local(value: Local) -> int:
+        return value.x
+
+    with pytest.raises(TypeError, match=r"^tool 'f': cannot resolve its type hints \(name 'Local' is not defined\)"):
+        Providers({"t": {"f": uses_local}})
+    for tool, kind, message in [
+        (dict, ValueError, "tool 'f': no signature found for builtin type <class 'dict'>; give a Python function"),
+        (None, TypeError, "tool 'f': None is not a callable object; give a Python function"),
+    ]:
+        with pytest.raises(kind, match=f"^{re.escape(message)}$"):
+            Providers({"t": {"f": tool}})

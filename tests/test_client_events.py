@@ -54,6 +54,22 @@ def test_on_log_sees_each_line_as_the_guest_writes_it(backend: str, daemon: Daem
     assert seen == result.logs == ["one", "two", "three"]
 
 
+@backends
+def test_an_async_on_log_is_awaited_for_each_line(backend: str, daemon: Daemon) -> None:
+    seen: list[str] = []
+
+    async def show(line: str) -> None:
+        await anyio.sleep(0)  # as a display pushing the line somewhere would
+        seen.append(line)
+
+    code = "console.log('one'); await t.pause(); console.log('two'); 3"
+    result = anyio.run(
+        lambda: Runner.connect(daemon.url).execute(code, {"t": {"pause": lambda: None}}, on_log=show), backend=backend
+    )
+    assert result.ok, result.error
+    assert seen == result.logs == ["one", "two"]
+
+
 def runner_without_live_logs(connection: ServerConnection, received: list[Any]) -> None:
     """execbox's own runner, as far as logs go: every line in the ``done``."""
     execute = json.loads(connection.recv(timeout=10))
@@ -70,6 +86,31 @@ def test_on_log_gets_every_line_once_from_a_runner_without_live_logs() -> None:
         result = Runner.connect(url).execute_sync("whatever", on_log=seen.append)
     assert received == ["live-logs"]  # asked for, not granted
     assert seen == result.logs == ["a", "b"]
+
+
+@backends
+def test_an_on_log_that_raises_cancels_the_execution_and_is_raised_as_it_is(backend: str) -> None:
+    def runner_side(connection: ServerConnection, received: list[Any]) -> None:
+        execute = json.loads(connection.recv(timeout=10))
+        connection.send(json.dumps({"type": "started", "id": execute["id"]}))
+        for line in ("first", "second"):
+            connection.send(json.dumps({"type": "log", "id": execute["id"], "lines": [line]}))
+        received.append(json.loads(connection.recv(timeout=10)))
+        error = {"code": "timeout", "message": "Execution timed out"}
+        done = {"type": "done", "id": execute["id"], "ok": False, "durationMs": 1, "logs": ["first"], "error": error}
+        connection.send(json.dumps(done))
+        connection.recv(timeout=10)  # until the client closes
+
+    seen: list[str] = []
+
+    def show(line: str) -> None:
+        seen.append(line)
+        raise RuntimeError("the display is gone")
+
+    with scripted_runner(runner_side) as (url, received), pytest.raises(RuntimeError, match="the display is gone"):
+        anyio.run(lambda: Runner.connect(url).execute("whatever", on_log=show), backend=backend)
+    assert received == [{"type": "cancel", "id": received[0]["id"]}]
+    assert seen == ["first"]  # not called again, not even with the done's lines
 
 
 async def collect(runner: Runner, code: str, providers: Any = None, **limits: Any) -> list[Event]:
@@ -102,6 +143,25 @@ def test_leaving_the_events_early_cancels_the_execution(backend: str, daemon: Da
     event, took = anyio.run(first_line, backend=backend)
     assert event == LogEvent("spinning")
     assert took < 10  # not the guest's 30 s: leaving the block cancelled it
+
+
+@backends
+def test_leaving_the_events_as_the_execution_ends_raises_nothing_of_its_own(backend: str, daemon: Daemon) -> None:
+    """The done comes in while the block is left after the first line: it is dropped, and the block
+    ends with the caller's own exception, or none, never a group of the client's."""
+
+    async def leave(how: str) -> None:
+        async with Runner.connect(daemon.url).events("console.log('only'); 2") as events:
+            async for event in events:
+                assert event == LogEvent("only")
+                if how == "raise":
+                    raise KeyError("the caller's own")
+                break
+
+    for _ in range(10):
+        anyio.run(leave, "break", backend=backend)
+        with pytest.raises(KeyError, match="the caller's own"):
+            anyio.run(leave, "raise", backend=backend)
 
 
 @backends

@@ -40,4 +40,4 @@ class DoneEvent:
 
 Event: TypeAlias = LogEvent | ToolCallEvent | DoneEvent
 """What iterating ``Runner.events`` gives: each ``LogEvent`` and ``ToolCallEvent``, then one ``DoneEvent``."""
-Observer: TypeAlias = Callable[[LogEvent | ToolCallEvent], None]
+Observer: TypeAlias = Callable[[LogEvent | ToolCallEvent], object]  # awaited if it returns an awaitable

@@ -7,8 +7,9 @@ This is execbox's host session in Python: send ``execute``, answer every
 - a backstop at ``timeoutMs`` + 100 ms sends ``cancel`` in case the runner
   missed its own deadline, and drops the connection 25 ms later if no
   ``done`` came (the result is then ``timeout``, with no logs);
-- cancelling the awaiting task sends ``cancel``, waits at most those 25 ms
-  for the ``done`` (so the runner can keep its worker), and re-raises;
+- cancelling the awaiting task, or an exception from ``observe``, sends ``cancel``,
+  waits at most those 25 ms for the ``done`` (so the runner can keep its worker),
+  and re-raises;
 - a connection that ends before ``done`` raises ``RunnerDisconnected``, a
   frame that is not a runner message ``RunnerProtocolError``;
 - every tool call the runner sends is the host's to run, as execbox's host starts
@@ -16,12 +17,14 @@ This is execbox's host session in Python: send ``execute``, answer every
   before it start (``TOOL_START_S`` at most), then those still running are stopped
   (a plain function's thread is left to finish, its result unused).
 
-An ``observe`` callable sees each log line (live from a runner offering the ``live-logs``
-extension, else from the ``done``; each line once, in order) and each tool call as it comes.
+An ``observe`` callable (awaited if it returns an awaitable) sees each log line (live from a
+runner offering the ``live-logs`` extension, else from the ``done``; each line once, in order)
+and each tool call as it comes.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -88,7 +91,8 @@ class Execution:
         """Run to the ``done`` (or the backstop); always leaves the connection closed."""
         try:
             return await self._run()
-        except anyio.get_cancelled_exc_class():
+        except BaseException:  # cancelled, or ``observe`` raised: tell the runner to stop, show nothing more
+            self._observe = None
             with anyio.CancelScope(shield=True):
                 await self._cancel()
             raise
@@ -100,14 +104,14 @@ class Execution:
 
     async def _run(self) -> ExecuteResult:
         started_at = anyio.current_time()
-        failure: RunnerError | None = None
+        failure: Exception | None = None
         async with anyio.create_task_group() as tools:
             try:
                 await self._websocket.send_text(encode(self._execute))
                 with anyio.move_on_after(self._execute.options.timeoutMs / 1000 + HOST_BACKSTOP_S):
                     await self._until_done(tools)
-            except RunnerError as exc:
-                failure = exc  # raised below, outside the task group, so it is not wrapped in a group
+            except Exception as exc:  # a ``RunnerError``, or ``observe``'s own: raised below, outside the task
+                failure = exc  # group, so that it is not wrapped in a group
             if self._done is not None:
                 await self._let_tools_start()
             tools.cancel_scope.cancel()  # the execution is over: stop tools still running
@@ -125,29 +129,35 @@ class Execution:
         while self._done is None:
             message = _decode(await self._websocket.receive())
             if isinstance(message, ToolCall) and tools is not None:
-                self._show_call(message)
+                await self._show_call(message)
                 began = threading.Event()
                 self._beginnings.append(began)
                 tools.start_soon(self._answer, message, began)
             elif isinstance(message, Log) and message.id == self._execute.id:
-                self._show_lines(message.lines)
+                await self._show_lines(message.lines)
             elif isinstance(message, Done) and message.id == self._execute.id:
                 self._done = message
-                self._show_lines(message.logs[self._shown :])  # all of them, from a runner without live logs
+                await self._show_lines(message.logs[self._shown :])  # all of them, from a runner without live logs
             elif isinstance(message, Started) and message.id == self._execute.id:
                 self._started = True
             # messages about another execution id need no answer
 
-    def _show_lines(self, lines: list[str]) -> None:
-        if self._observe is not None:
-            for line in lines:
-                self._observe(LogEvent(line))
+    async def _show_lines(self, lines: list[str]) -> None:
+        for line in lines:
+            await self._show(LogEvent(line))
         self._shown += len(lines)
 
-    def _show_call(self, call: ToolCall) -> None:
+    async def _show_call(self, call: ToolCall) -> None:
         if self._observe is not None:
             value = None if call.input is UNSET else msgspec.json.decode(call.input)
-            self._observe(ToolCallEvent(call.providerName, call.safeToolName, value))
+            await self._show(ToolCallEvent(call.providerName, call.safeToolName, value))
+
+    async def _show(self, event: LogEvent | ToolCallEvent) -> None:
+        """Give ``event`` to ``observe``, awaiting what it returns if that is awaitable (an async ``on_log``)."""
+        if self._observe is not None:
+            shown = self._observe(event)
+            if inspect.isawaitable(shown):
+                await shown
 
     async def _let_tools_start(self) -> None:
         """Wait until every tool called has started (or waits for approval, or failed before)."""

@@ -5,7 +5,8 @@ as a child process on loopback with a random token that only this process
 knows (passed in the environment, so it is not in the process listing). Other
 ``EXECBOX_RUNNER_*`` variables of the caller are not passed on, so nothing in
 the environment can widen who may use it. It gets its own session, so a Ctrl-C
-at the terminal reaches this process, whose context manager stops it by PID.
+at the terminal reaches this process, whose context manager stops it by PID; and it watches this
+process, so it drains and stops by itself if this one dies without stopping it (killed, crashed).
 One daemon process (not one per core) is plenty for one host process and
 starts faster; ``daemon_args`` can say otherwise. A daemon that exits while in use (killed,
 crashed) is started again by the next execution, so one failure does not end the host's.
@@ -48,6 +49,7 @@ class LocalDaemon:
         token = secrets.token_urlsafe(32)
         environment = {name: value for name, value in os.environ.items() if not name.startswith("EXECBOX_RUNNER_")}
         environment["EXECBOX_RUNNER_TOKENS"] = token
+        environment["EXECBOX_RUNNER_OWNER"] = str(os.getpid())  # it drains and stops if this process dies first
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the daemon; closed by stop()
         command = [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", "0"]
         self._process = subprocess.Popen(

@@ -21,6 +21,7 @@ from typing import Final, TypedDict, Unpack
 import anyio
 import anyio.to_thread
 import msgspec
+import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ..protocol import extensions
@@ -79,6 +80,10 @@ class Runner:
         connect_timeout: float = 10.0,
         retries: int = 0,
     ) -> None:
+        if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, int | float) or not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be a number of seconds above 0, not {connect_timeout!r}")
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise ValueError(f"retries must be a whole number from 0, not {retries!r}")
         self.url = url
         self.token = token
         self.ssl_context = ssl_context
@@ -99,12 +104,15 @@ class Runner:
         """A runner at ``ws://`` or ``wss://`` URL, authenticated with a bearer ``token``.
 
         Raises ``ValueError`` at once, saying why, for a URL that is not ``ws://`` or ``wss://`` with
-        a host (and a port from 1 to 65535, if any), and for a token that is empty or not printable
-        ASCII without spaces. Nothing is connected yet: refusals (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``)
-        and unreachable runners surface from ``execute``. With ``retries``, a handshake refused
-        as busy (503) or over a quota (429) is tried again up to that many times, after the
-        runner's ``Retry-After`` (at most ``MAX_RETRY_WAIT_S``) or a doubling backoff; nothing
-        has run when a handshake is refused, so a retry never runs code twice.
+        a host (and a port from 1 to 65535, if any), for a token that is empty or not printable
+        ASCII without spaces, for a ``connect_timeout`` that is not a number of seconds above 0 and
+        for ``retries`` that is not a whole number from 0. Nothing is connected yet: refusals
+        (``Unauthorized``, ``QuotaExceeded``, ``RunnerBusy``) and unreachable runners surface from
+        ``execute``. With ``retries``, a handshake refused as busy (503) or over a quota (429) is
+        tried again up to that many times, after the runner's ``Retry-After`` (at most
+        ``MAX_RETRY_WAIT_S``) or a doubling backoff, as long as that wait ends within the
+        execution's ``timeout_ms`` (else the refusal is raised at once); nothing has run when a
+        handshake is refused, so a retry never runs code twice.
         """
         checked_url(url)
         check_token(token)
@@ -132,8 +140,10 @@ class Runner:
     ) -> ExecuteResult:
         """Run ``code`` with ``providers`` (``{"namespace": {"tool": callable}}``) as guest globals.
 
-        ``on_log`` is called with each line the guest logs, once and in order: as the guest writes
-        it on a runner offering live logs, else all at the end (the result's ``logs`` has them too).
+        ``on_log`` (a function, or an async one, which is awaited) is called with each line the guest
+        logs, once and in order: as the guest writes it on a runner offering live logs, else all at
+        the end (the result's ``logs`` has them too).
+        An exception it raises cancels the execution and is raised by ``execute`` as it is.
 
         Returns the result for anything the guest did (including ``timeout``);
         raises a ``RunnerError`` when the runner could not run it. Before anything runs, it raises
@@ -152,8 +162,20 @@ class Runner:
         on_log: Callable[[str], object] | None = None,
         **limits: Unpack[Limits],
     ) -> ExecuteResult:
-        """``execute`` for synchronous code (its own event loop; call it from any thread without one)."""
+        """``execute`` for synchronous code (its own event loop; call it from any thread without one).
+
+        Raises ``RuntimeError`` in a thread that runs an event loop (an async function, a notebook),
+        saying to ``await runner.execute(...)`` there instead."""
         _checked_limits("execute_sync", limits)
+        try:
+            running = sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            running = None
+        if running is not None:
+            raise RuntimeError(
+                f"Runner.execute_sync() cannot run in a thread that runs an event loop ({running}: an async "
+                "function, a notebook); use `await runner.execute(...)` there"
+            )
         return anyio.run(partial(self.execute, code, providers, on_log=on_log, **limits))
 
     @contextlib.asynccontextmanager
@@ -182,14 +204,16 @@ class Runner:
                     stream.failure = exc
 
         failure: Exception | None = None
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(run)
-            try:
-                with receive:
+        # The receiving end stays open until the execution has stopped: events it still sends as the
+        # block is left (its ``done``, a last line) are dropped, not a ``BrokenResourceError``.
+        with receive:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(run)
+                try:
                     yield stream
-            except Exception as exc:  # raised below, outside the task group, so it is not wrapped in a group
-                failure = exc
-            task_group.cancel_scope.cancel()  # the block is left: an execution still running is cancelled
+                except Exception as exc:  # raised below, outside the task group, so it is not wrapped in a group
+                    failure = exc
+                task_group.cancel_scope.cancel()  # the block is left: an execution still running is cancelled
         if failure is not None:
             raise failure
 
@@ -199,13 +223,14 @@ class Runner:
         execute = Execute(id=f"exec-{uuid.uuid4().hex}", code=code, options=options, providers=resolved.manifests)
         with tracing.execution_span(execute.id) as trace_headers:
             headers = (*trace_headers, *(LIVE_LOGS if observe is not None else ()))
-            websocket = await self._open(headers)
+            websocket = await self._open(headers, anyio.current_time() + options.timeoutMs / 1000)
             result = await Execution(websocket, execute, resolved, observe).run()
             tracing.finished(result.ok, None if result.error is None else result.error.code)
             return result
 
-    async def _open(self, headers: tuple[tuple[str, str], ...]) -> WebSocket:
-        """The execution's connection; a busy or over-quota refusal retried as ``retries`` says, and
+    async def _open(self, headers: tuple[tuple[str, str], ...], retry_by: float) -> WebSocket:
+        """The execution's connection; a busy or over-quota refusal retried as ``retries`` says, if
+        the wait ends by ``retry_by`` (the execution's timeout, as the TypeScript client does), and
         a private daemon that has exited started again first."""
         attempt = 0
         while True:
@@ -220,9 +245,10 @@ class Runner:
                     headers=headers,
                 )
             except (QuotaExceeded, RunnerBusy) as refused:
-                if attempt >= self.retries:
+                wait = min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S)
+                if attempt >= self.retries or anyio.current_time() + wait > retry_by:
                     raise
-                await anyio.sleep(min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S))
+                await anyio.sleep(wait)
                 attempt += 1
 
     def _url(self) -> str:
@@ -281,9 +307,8 @@ class EventStream:
             raise StopAsyncIteration from None
 
 
-def _log_lines_to(on_log: Callable[[str], object], event: LogEvent | ToolCallEvent) -> None:
-    if isinstance(event, LogEvent):
-        on_log(event.line)
+def _log_lines_to(on_log: Callable[[str], object], event: LogEvent | ToolCallEvent) -> object:
+    return on_log(event.line) if isinstance(event, LogEvent) else None
 
 
 def _checked_limits(method: str, limits: Limits) -> RuntimeOptions:

@@ -86,7 +86,7 @@ class BoundTool:
         self.approve = tool.approve or approve
         self.func = tool.func
         self.is_async = inspect.iscoroutinefunction(tool.func)
-        signature = inspect.signature(tool.func, eval_str=True)
+        signature = _signature(name, tool.func)
         self.description = tool.description
         if self.description is None and (inspect.isfunction(tool.func) or inspect.ismethod(tool.func)):
             self.description = inspect.getdoc(tool.func)
@@ -228,6 +228,19 @@ class Providers:
             log.exception("answering a call of %s failed", tool.name)
             error = ErrorInfo("internal_error", f"Tool {tool.original_name} could not be called: {exc}")
             return ToolResult(callId=call.callId, ok=False, error=error)
+
+
+def _signature(name: str, func: Callable[..., Any]) -> inspect.Signature:
+    """``func``'s signature with its type hints evaluated; the errors name the tool and say what to do."""
+    try:
+        return inspect.signature(func, eval_str=True)
+    except (NameError, SyntaxError) as exc:  # string hints (``from __future__ import annotations``) naming no type here
+        raise TypeError(
+            f"tool {name!r}: cannot resolve its type hints ({exc}); a type they name must be importable from the "
+            "function's module (not defined inside a function, nor imported only under TYPE_CHECKING)"
+        ) from None
+    except (TypeError, ValueError) as exc:  # not callable, or a builtin without a signature
+        raise type(exc)(f"tool {name!r}: {exc}; give a Python function") from None
 
 
 def _parameters_struct(name: str, signature: inspect.Signature) -> type[msgspec.Struct]:

@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 from websockets.client import ClientProtocol
 from websockets.exceptions import InvalidStatus, InvalidURI
-from websockets.frames import Frame, Opcode
+from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import WebSocketURI, parse_uri
@@ -145,9 +145,11 @@ class WebSocket:
             await self._flush()  # pongs, and the answer to a close frame
 
     def _message(self, frame: Frame) -> bytes | None:
-        if frame.opcode is Opcode.CLOSE:
-            code, reason = self._protocol.close_code, self._protocol.close_reason or ""
-            raise RunnerDisconnected(f"the runner closed the connection ({code}: {reason})", code, reason)
+        if frame.opcode is Opcode.CLOSE:  # from the frame: websockets' ``close_code`` is None until the TCP close
+            close = Close.parse(frame.data)
+            raise RunnerDisconnected(
+                f"the runner closed the connection ({close.code}: {close.reason})", close.code, close.reason
+            )
         if frame.opcode is Opcode.BINARY or (frame.opcode is Opcode.CONT and not self._fragments):
             raise RunnerProtocolError("the runner sent a binary frame; runner messages are JSON text")
         if frame.opcode in (Opcode.TEXT, Opcode.CONT):

@@ -151,8 +151,9 @@ async def _serve_until_signalled(daemon: Daemon) -> int:
     ready = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            if supervisor.is_shard():  # also while it starts: a shard never outlives its supervisor
-                nursery.start_soon(supervisor.watch_supervisor)
+            # Also while it starts: a shard never outlives its supervisor, nor a private daemon its owner.
+            if (parent := supervisor.parent_to_watch()) is not None:
+                nursery.start_soon(supervisor.watch_parent, parent)
             nursery.start_soon(_start, daemon, nursery, ready)
             draining = False
             async for signum in signals:

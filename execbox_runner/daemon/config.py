@@ -449,7 +449,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
 
 # EXECBOX_RUNNER_* variables that are not settings but are read elsewhere: the config file, a
 # shard's place (the supervisor), the image's health check, and the clients' and code mode's.
-_OTHER_VARIABLES: Final = frozenset({"CONFIG", "SHARD", "HEALTHCHECK_PORT", "URL", "MCP_TOKEN"})
+_OTHER_VARIABLES: Final = frozenset({"CONFIG", "SHARD", "OWNER", "HEALTHCHECK_PORT", "URL", "MCP_TOKEN"})
 
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:

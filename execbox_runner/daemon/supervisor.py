@@ -46,6 +46,7 @@ from .startup import listening_line
 log = logging.getLogger(__name__)
 
 SHARD_ENV: Final = "EXECBOX_RUNNER_SHARD"  # "INDEX/COUNT", set for shards only
+OWNER_ENV: Final = "EXECBOX_RUNNER_OWNER"  # a PID, set by the Python client for the private daemon it starts
 RESTART_PAUSE_S: Final = 1.0
 SUPERVISOR_POLL_S: Final = 0.5
 
@@ -64,13 +65,22 @@ def shard_count() -> int:
     return int(os.environ[SHARD_ENV].partition("/")[2]) if is_shard() else 1
 
 
-async def watch_supervisor() -> None:
-    """In a shard: drain (by signalling ourselves) if the supervisor dies without forwarding a signal.
+def parent_to_watch() -> int | None:
+    """The process whose death stops this one: a shard's supervisor, or the process that started a
+    private daemon (``Runner.local``) and named itself in ``EXECBOX_RUNNER_OWNER``; else ``None``."""
+    if is_shard():
+        return os.getppid()
+    owner = os.environ.get(OWNER_ENV, "")
+    return int(owner) if owner.isdigit() else None
+
+
+async def watch_parent(parent: int) -> None:
+    """Drain (by signalling ourselves) once ``parent`` is no longer our parent: it died without
+    stopping us (a supervisor killed before it forwarded a signal, a client process killed).
 
     Polled, not PR_SET_PDEATHSIG: that fires when the parent *thread* exits, and
-    trio starts processes from its worker threads, which come and go.
+    trio and the client start processes from worker threads, which come and go.
     """
-    parent = os.getppid()
     while os.getppid() == parent:
         await trio.sleep(SUPERVISOR_POLL_S)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -131,6 +141,8 @@ class Supervisor:
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(reaper.reap_on_exits, self._owned)
+                    if (owner := parent_to_watch()) is not None:
+                        nursery.start_soon(watch_parent, owner)
                     nursery.start_soon(self._forward_signals, signals)
                     await self._serve(reserved)
                     nursery.cancel_scope.cancel()  # every shard has exited
