@@ -107,7 +107,8 @@ def test_a_crashed_worker_has_the_next_workers_forked_from_a_new_zygote(profile:
         )
         assert f"worker {crashed} died of SIGSEGV" in str(renewal["message"])
         assert metric(daemon, "execbox_zygote_renewals_total") == [
-            'execbox_zygote_renewals_total{reason="worker_crash"} 1.0'
+            'execbox_zygote_renewals_total{reason="fork_count"} 0.0',
+            'execbox_zygote_renewals_total{reason="worker_crash"} 1.0',
         ]
 
 
@@ -125,7 +126,10 @@ def test_a_worker_killed_with_sigkill_does_not_renew_the_zygote(profile: str) ->
                 assert run_to_done(ws, f"after-{index}", "40 + 2")["result"] == 42
         assert zygotes(daemon) == [zygote]
         assert renewal_lines(daemon, wait=False) == []
-        assert metric(daemon, "execbox_zygote_renewals_total") == []
+        assert metric(daemon, "execbox_zygote_renewals_total") == [
+            'execbox_zygote_renewals_total{reason="fork_count"} 0.0',
+            'execbox_zygote_renewals_total{reason="worker_crash"} 0.0',
+        ]
 
 
 async def test_a_zygote_is_renewed_after_its_count_of_forks_and_no_request_or_status_is_lost(
@@ -142,7 +146,7 @@ async def test_a_zygote_is_renewed_after_its_count_of_forks_and_no_request_or_st
         await forks.fork(8)
         pids = {pid for pid, _ in forks.forked}
         assert len(pids) == 8
-        assert zygote.renewals == {"fork_count": 2}
+        assert zygote.renewals == {"fork_count": 2, "worker_crash": 0}
         assert [getattr(record, "renewal_reason", None) for record in caplog.records] == ["fork_count"] * 2
         assert zygote.process is not first and zygote.process.returncode is None
         # The zygotes retired have exited and been reaped; their workers are ours now.

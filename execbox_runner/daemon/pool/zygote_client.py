@@ -127,7 +127,8 @@ class ZygoteClient:
     ) -> None:
         self.worker_args = worker_args
         self.renew_after_forks = renew_after_forks
-        self.renewals: dict[str, int] = {}  # zygotes renewed, by why: ``worker_crash``, ``fork_count``
+        # Zygotes renewed, by why; each reason from zero, so that the first crash shows as an increase.
+        self.renewals = {"worker_crash": 0, "fork_count": 0}
         self._on_crash = on_crash
         self._reactor = reactor
         self._zygote: _Zygote | None = None  # the one that forks
@@ -260,7 +261,7 @@ class ZygoteClient:
         """Log and count that the current zygote is replaced, and why."""
         zygote = self._zygote
         assert zygote is not None
-        self.renewals[renewal] = self.renewals.get(renewal, 0) + 1
+        self.renewals[renewal] += 1
         log.info(
             "zygote %d renewed (%s): the next workers are forked from a new zygote, with a new address-space layout",
             zygote.process.pid,
