@@ -17,8 +17,9 @@ import pytest
 import trio
 
 from .daemonkit import Daemon, children_of, client, process_state, run_to_done, running_daemon
-from .poolkit import running_zygote
+from .poolkit import Execution, running_pool, running_zygote
 from .test_reaping import wait_until
+from .test_spares import spares_back
 from .test_worker_exits import exit_line
 
 WAIT_S = 10.0  # a bound on how long a renewal or an exit may take, not a measurement
@@ -161,3 +162,32 @@ async def test_a_zygote_is_renewed_after_its_count_of_forks_and_no_request_or_st
             os.kill(pid, signal.SIGKILL)
         statuses = [await zygote.exit_status(pid) for pid in pids]  # each within STATUS_WAIT_S
         assert [status is not None and os.WTERMSIG(status) for status, _ in statuses] == [signal.SIGKILL] * 8
+
+
+async def test_a_worker_forked_before_the_crash_was_known_takes_no_execution() -> None:
+    """The zygote, stopped, has a fork request waiting when one of its workers crashes: it forks that
+    worker (the old layout) as it resumes, and the pool retires it as it becomes ready."""
+    async with running_pool(warm=2) as pool:
+        await spares_back(pool, 2)
+        old_zygote = pool.zygote.process
+        assert old_zygote is not None
+        crashed, other = list(pool.workers)
+        os.kill(old_zygote.pid, signal.SIGSTOP)
+        try:
+            os.kill(crashed.pid, signal.SIGSEGV)
+            with trio.fail_after(WAIT_S):  # its replacement is asked of the stopped zygote
+                while not (pool.zygote._zygote and pool.zygote._zygote.forks):
+                    await trio.sleep(0.01)
+        finally:
+            os.kill(old_zygote.pid, signal.SIGCONT)
+        with trio.fail_after(WAIT_S):
+            while pool.exit_reasons.get("zygote_renewed", 0) < 2:
+                await trio.sleep(0.02)
+        assert pool.exit_reasons == {"signal_SIGSEGV": 1, "zygote_renewed": 2}  # the other spare, the late one
+        assert other.cause is not None and other.cause.reason == "zygote_renewed"
+        await spares_back(pool, 2)
+        execution = Execution(pool, "tenant")
+        lease = await execution.leased()
+        assert pool.zygote.process is not old_zygote and pool.zygote.process is not None
+        assert children_of(pool.zygote.process.pid) and lease.worker.pid in children_of(pool.zygote.process.pid)
+        pool.release(lease)
