@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -13,9 +14,11 @@ import trio
 
 from execbox_runner.daemon.config import Settings
 from execbox_runner.daemon.net.reactor import Reactor
+from execbox_runner.daemon.pool import reaper
 from execbox_runner.daemon.pool.pool import WorkerPool
 from execbox_runner.daemon.pool.reaper import PR_SET_CHILD_SUBREAPER
 from execbox_runner.daemon.pool.worker import Lease, WorkerLost
+from execbox_runner.daemon.pool.zygote_client import RENEW_AFTER_FORKS, ZygoteClient
 from execbox_runner.daemon.report import worker_arguments
 from execbox_runner.protocol import ipc
 
@@ -48,6 +51,47 @@ async def running_pool(*worker_args: str, warm: int = 1, lifetime: int = 2) -> A
     finally:
         ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
         reap(pids)
+
+
+class Forks:
+    """A zygote client of the test's own, and the workers it forked (PIDs, channels)."""
+
+    def __init__(self, zygote: ZygoteClient) -> None:
+        self.zygote = zygote
+        self.forked: list[tuple[int, socket.socket]] = []
+
+    async def fork(self, count: int) -> None:
+        """Ask for ``count`` workers at once (bounded)."""
+
+        async def one() -> None:
+            self.forked.append(await self.zygote.fork())
+
+        with trio.fail_after(WAIT_S):
+            async with trio.open_nursery() as forks:
+                for _ in range(count):
+                    forks.start_soon(one)
+
+
+@contextlib.asynccontextmanager
+async def running_zygote(renew_after_forks: int = RENEW_AFTER_FORKS) -> AsyncIterator[Forks]:
+    """A started zygote client in this process, with the reactor and the reaper a pool runs
+    (this process becomes a subreaper, and stops being one after); after, its zygotes are
+    ended and its workers reaped."""
+    reactor = Reactor()
+    forks = Forks(ZygoteClient(worker_arguments(Settings()), reactor, renew_after_forks))
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reactor.run)
+            await forks.zygote.start()
+            nursery.start_soon(reaper.reap_on_exits, forks.zygote.owned, forks.zygote.exited)
+            yield forks
+            await forks.zygote.aclose()
+            nursery.cancel_scope.cancel()
+    finally:
+        for _, channel in forks.forked:
+            channel.close()
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        reap({pid for pid, _ in forks.forked})
 
 
 def reap(pids: set[int]) -> None:

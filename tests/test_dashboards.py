@@ -176,7 +176,7 @@ def test_label_values_in_matchers_are_ones_the_daemon_uses() -> None:
         "outcome": {"ok", "error", "abandoned"},
         "code": {"timeout", "memory_limit", "internal_error", "tool_error", "runtime_error", ""},
         "setting": {"sandbox_off", "no_authentication", "no_tls", "no_network_namespace"},
-        "reason": {"unauthorized", "origin", "draining", "busy", "memory"},
+        "reason": {"unauthorized", "origin", "draining", "busy", "memory", "worker_crash"},
         "state": {"idle", "busy", "starting"},
     }
     for query in dashboard_queries() + [rule["expr"] for rule in rules()]:
@@ -200,6 +200,7 @@ def test_the_rules_are_well_formed() -> None:
         "ExecboxRefusingSessions",
         "ExecboxMemoryNearBudget",
         "ExecboxWorkerRestartStorm",
+        "ExecboxWorkerCrashed",
         "ExecboxUnsafeSetting",
         "ExecboxLogLinesDropped",
     }

@@ -259,6 +259,7 @@ class Daemon:
             busy_workers=sum(1 for worker in pool.workers if worker.leases),
             starting_workers=pool.starting,
             worker_exits=dict(pool.exit_reasons),
+            zygote_renewals=dict(pool.zygote.renewals),
             refused=dict(self.state.refusals.counts),
             draining=self.state.draining,
             memory_used_bytes=self.state.memory_used,

@@ -44,7 +44,9 @@ from .runtime import fresh_runtime
 
 
 def serve(control: socket.socket, args: argparse.Namespace) -> None:
-    """Fork a worker for each request, and report each one that exits, until the daemon goes away."""
+    """Fork a worker for each request, and report each one that exits, until the daemon goes away
+    or shuts its side of ``control`` to retire this zygote (``zygote_client``): the requests sent
+    before are answered first, and the workers still alive then are reaped by the daemon."""
     if not args.no_sandbox:
         sandbox.isolate()  # the network namespace and user every worker shares
     normalize("0")

@@ -62,6 +62,7 @@ class LiveState:
     busy_workers: int
     starting_workers: int
     worker_exits: dict[str, int]  # by reason (``WorkerPool.exit_reasons``)
+    zygote_renewals: dict[str, int]  # by reason (``ZygoteClient.renewals``)
     refused: dict[str, int]
     draining: bool
     memory_used_bytes: int
@@ -93,14 +94,16 @@ class _Live(Collector):
             "Worker processes that exited, for any reason (each is replaced when needed).",
             value=sum(state.worker_exits.values()),
         )
-        exits = CounterMetricFamily(
+        yield _by_reason(
             "execbox_worker_exits",
             "Worker processes that exited, by reason (docs: Metrics and logs).",
-            labels=["reason"],
+            state.worker_exits,
         )
-        for reason, count in sorted(state.worker_exits.items()):
-            exits.add_metric([reason], count)
-        yield exits
+        yield _by_reason(
+            "execbox_zygote_renewals",
+            "Zygotes replaced by a new one, with a new address-space layout, by reason (docs: Metrics and logs).",
+            state.zygote_renewals,
+        )
         refused = CounterMetricFamily(
             "execbox_rejected_handshakes", "Handshakes refused, by reason.", labels=["reason"]
         )
@@ -123,6 +126,14 @@ class _Live(Collector):
             "Log lines dropped because the log's reader fell behind (docs: Metrics and logs).",
             value=state.log_lines_dropped,
         )
+
+
+def _by_reason(name: str, documentation: str, counts: dict[str, int]) -> CounterMetricFamily:
+    """A counter of ``counts`` by their ``reason`` label."""
+    family = CounterMetricFamily(name, documentation, labels=["reason"])
+    for reason, count in sorted(counts.items()):
+        family.add_metric([reason], count)
+    return family
 
 
 class _Unsafe(Collector):
@@ -236,6 +247,7 @@ class Metrics:
             busy_workers=sum(s.busy_workers for s in states),
             starting_workers=sum(s.starting_workers for s in states),
             worker_exits=_summed(s.worker_exits for s in states),
+            zygote_renewals=_summed(s.zygote_renewals for s in states),
             refused=_summed(s.refused for s in states),
             draining=any(s.draining for s in states),
             memory_used_bytes=sum(s.memory_used_bytes for s in states),

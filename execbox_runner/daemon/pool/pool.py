@@ -108,7 +108,7 @@ class WorkerPool:
         self.abandon_grace = abandon_grace
         self.reactor = reactor  # reads the workers' channels and batches what is written to them
         self.sharing = Sharing(shares) if shares is not None else None
-        self.zygote = ZygoteClient(worker_args, reactor)
+        self.zygote = ZygoteClient(worker_args, reactor, on_crash=self._retire_exposed)
         self.workers: set[Worker] = set()
         self.starting = 0  # worker starts under way
         # Workers of one execution each, claimed while another spare was ready, whose replacement
@@ -125,9 +125,8 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        """The zygote's and the live workers' PIDs."""
-        zygote = self.zygote.process
-        return [*([zygote.pid] if zygote is not None else []), *(worker.pid for worker in self.workers)]
+        """The zygotes' and the live workers' PIDs."""
+        return [*self.zygote.pids, *(worker.pid for worker in self.workers)]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the pool topped up until cancelled; reports started once ``warm`` workers are ready."""
@@ -340,6 +339,8 @@ class WorkerPool:
         self.failed_starts = 0
         self.starting -= 1
         self.workers.add(worker)
+        if self.zygote.exposed(worker.pid):  # forked before the daemon learned of the crash
+            self._retire(worker, "zygote_renewed")
         self._serve_waiting()
         self._changed()
 
@@ -524,6 +525,13 @@ class WorkerPool:
                 self.reactor.later(functools.partial(worker.kill, worker.retiring))
                 self._replace(worker)
         self._serve_waiting()
+
+    def _retire_exposed(self) -> None:
+        """(The zygote client, as a worker crashed.) Retire the workers that share its layout, which
+        the crash may have shown: no new execution starts in them, and each stops after its last."""
+        for worker in list(self.workers):
+            if self.zygote.exposed(worker.pid):
+                self._retire(worker, "zygote_renewed")
 
     def _retire(self, worker: Worker, reason: StopReason) -> None:
         worker.retiring = worker.retiring or reason

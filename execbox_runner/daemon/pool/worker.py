@@ -61,11 +61,17 @@ class ExitCause(NamedTuple):
     text: str
 
 
-StopReason: TypeAlias = Literal["retired", "idle", "slow_abort", "stuck", "misbehaved", "start_timeout", "shutdown"]
+StopReason: TypeAlias = Literal[
+    "retired", "idle", "zygote_renewed", "slow_abort", "stuck", "misbehaved", "start_timeout", "shutdown"
+]
 # Why the daemon stops a worker (``Worker.kill``): each reason's log level and words.
 STOPPED: Final[dict[StopReason, tuple[int, str]]] = {
     "retired": (logging.INFO, "stopped by the daemon: retired after its lifetime of executions"),
     "idle": (logging.INFO, f"stopped by the daemon: idle in its tenant's service for {TENANT_IDLE_S:g} s"),
+    "zygote_renewed": (
+        logging.INFO,
+        "stopped by the daemon: its zygote forked a worker that crashed, whose address-space layout it shares",
+    ),
     "slow_abort": (logging.WARNING, "stopped by the daemon: retired for being slow to let go of an aborted execution"),
     "stuck": (logging.WARNING, f"killed by the daemon: still stuck in an aborted execution {STUCK_KILL_S:g} s later"),
     "misbehaved": (logging.WARNING, "killed by the daemon: it sent something invalid or closed its channel"),
