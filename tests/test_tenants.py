@@ -111,7 +111,9 @@ def test_a_tenant_at_its_sessions_quota_gets_429_while_others_are_served(daemon:
     with client(daemon.url, **bearer("acme-1")):  # a session closed: room again
         pass
     lines = daemon.json_lines(lambda lines: any(line.get("refusal") == "quota" for line in lines))
-    assert any(line.get("refusal") == "quota" for line in lines)
+    (line,) = [line for line in lines if line.get("refusal") == "quota"]  # says whom it hit, and why
+    assert line["tenant"] == "acme" and line["quota"] == "max_sessions"
+    assert line["message"].endswith(": quota (the tenant is at one of its quotas: tenant acme, quota max_sessions)")
 
 
 def test_executions_per_minute_and_the_clients_typed_error_and_retry(daemon: Daemon) -> None:

@@ -96,15 +96,19 @@ class Refusals:
         self._lines = {reason: TokenBucket(REFUSAL_LINES_PER_S, REFUSAL_LINES_BURST, clock) for reason in REFUSALS}
         self._suppressed = dict.fromkeys(REFUSALS, 0)
 
-    def refuse(self, reason: str, peer: str) -> None:
+    def refuse(self, reason: str, peer: str, **fields: str) -> None:
+        """Count a refusal and log it (if under its rate); ``fields`` (a quota refusal's ``tenant``
+        and ``quota``) go into the line, so an operator sees whom a refusal hit."""
         self.counts[reason] += 1
         if self._lines[reason].take():
+            said = (": " if fields else "") + ", ".join(f"{name} {value}" for name, value in fields.items())
             log.info(
-                "refused a handshake from %s: %s (%s)",
+                "refused a handshake from %s: %s (%s%s)",
                 peer or "an unknown peer",
                 reason,
                 REFUSALS[reason],
-                extra={"refusal": reason, "peer": peer},
+                said,
+                extra={"refusal": reason, "peer": peer, **fields},
             )
         else:
             self._suppressed[reason] += 1
@@ -194,7 +198,7 @@ def _unauthorized(message: str) -> Response:
 
 def over_quota(tenant: str, quota: str, retry_after_s: float, message: str, state: DaemonState, peer: str) -> Response:
     """A tenant's handshake refused at one of its quotas (``tenants``): 429, with ``Retry-After``."""
-    state.refusals.refuse("quota", peer)
+    state.refusals.refuse("quota", peer, tenant=tenant, quota=quota)
     body: dict[str, object] = {"error": "quota", "quota": quota, "tenant": tenant, "message": message}
     return _json(429, "Too Many Requests", body, [("Retry-After", str(max(1, math.ceil(retry_after_s))))])
 
