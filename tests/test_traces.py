@@ -18,15 +18,22 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from execbox_runner.daemon.observability import tracing
 
-from .daemonkit import client, execute, receive, running_daemon
+from .daemonkit import client, execute, receive, run_to_done, running_daemon
 
 
 class Receiver(ThreadingHTTPServer):
-    """An OTLP/HTTP receiver on loopback: every span POSTed to ``/v1/traces``, decoded."""
+    """An OTLP/HTTP receiver on loopback: every span POSTed to ``/v1/traces``, decoded, and the
+    ``service.name`` of each batch's resource."""
 
     def __init__(self) -> None:
         self.spans: list[Any] = []
+        self.services: set[str] = set()
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def environment(self, **more: str) -> dict[str, str]:
+        """A daemon's variables to send its spans here at once, and ``more``."""
+        endpoint = f"http://127.0.0.1:{self.server_address[1]}"
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50", **more}
 
     def wait_for(self, count: int, timeout: float = 20.0) -> list[Any]:
         deadline = time.monotonic() + timeout
@@ -42,6 +49,8 @@ class _Handler(BaseHTTPRequestHandler):
         request = ExportTraceServiceRequest()
         request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
         for resource in request.resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource.resource.attributes}
+            self.server.services.add(attributes.get("service.name", ""))
             for scope in resource.scope_spans:
                 self.server.spans.extend(scope.spans)
         self.send_response(200)
@@ -95,12 +104,7 @@ print(json.dumps(spans))
 
 
 def test_one_trace_shows_the_host_the_runner_and_the_tools(receiver: Receiver) -> None:
-    environment = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
-        "OTEL_BSP_SCHEDULE_DELAY": "50",
-        "OTEL_SERVICE_NAME": "runner-under-test",
-    }
-    with running_daemon(env=environment) as daemon:
+    with running_daemon(env=receiver.environment(OTEL_SERVICE_NAME="runner-under-test")) as daemon:
         host = subprocess.run(
             [sys.executable, "-c", HOST, daemon.url], capture_output=True, text=True, timeout=60, check=True
         )
@@ -128,14 +132,11 @@ def test_one_trace_shows_the_host_the_runner_and_the_tools(receiver: Receiver) -
     assert attributes["execbox.tool_calls"].int_value == 3
     assert attributes["execbox.worker_pid"].int_value > 0
     assert {a.key: a.value for a in calls[0].attributes}["execbox.tool"].string_value == "kv.lookup"
+    assert receiver.services == {"runner-under-test"}
 
 
 def test_a_cancel_and_an_unanswered_tool_call_are_in_the_trace(receiver: Receiver) -> None:
-    environment = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
-        "OTEL_BSP_SCHEDULE_DELAY": "50",
-    }
-    with running_daemon(env=environment) as daemon:
+    with running_daemon(env=receiver.environment()) as daemon:
         with client(daemon.url) as ws:
             ws.send(execute("c1", "await tools.hang({})"))
             assert receive(ws)["type"] == "started" and receive(ws)["type"] == "tool_call"
@@ -148,6 +149,16 @@ def test_a_cancel_and_an_unanswered_tool_call_are_in_the_trace(receiver: Receive
     assert execution.status.code == 2 and execution.status.message == "timeout"  # STATUS_CODE_ERROR
     assert {a.key: a.value.bool_value for a in call.attributes}["execbox.answered"] is False
     assert call.end_time_unix_nano == execution.end_time_unix_nano
+    assert receiver.services == {"execbox-runner"}  # the default name, where none is configured
+
+
+def test_the_service_is_named_by_the_resource_attributes_too(receiver: Receiver) -> None:
+    attributes = "service.name=runners-eu,deployment.environment=prod"
+    with running_daemon(env=receiver.environment(OTEL_RESOURCE_ATTRIBUTES=attributes)) as daemon:
+        with client(daemon.url) as ws:
+            assert run_to_done(ws, "r1", "6 * 7")["result"] == 42
+        receiver.wait_for(1)
+    assert receiver.services == {"runners-eu"}
 
 
 def test_traces_are_off_unless_the_environment_asks() -> None:

@@ -11,7 +11,6 @@ Attributes never hold a token or the guest's code: its size, the tenant's label,
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Final
 
 from opentelemetry import trace
@@ -30,11 +29,11 @@ _EVENTS: Final = {"timeout": "execbox.timeout", "memory_limit": "execbox.memory_
 
 
 class ExecutionSpans:
-    """The daemon's tracer: ``record`` each ended execution; ``shutdown`` sends what is left."""
+    """The daemon's tracer: ``record`` each ended execution; ``shutdown`` sends what is left. The SDK
+    reads its settings (``OTEL_*``) from the process's environment."""
 
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        resource = Resource.create({} if environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "execbox-runner"})
-        self._provider = TracerProvider(resource=resource)
+    def __init__(self) -> None:
+        self._provider = TracerProvider(resource=_resource())
         self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # OTEL_EXPORTER_OTLP_*
         self._tracer = self._provider.get_tracer("execbox_runner", __version__)
         self._propagator = TraceContextTextMapPropagator()
@@ -90,3 +89,12 @@ class ExecutionSpans:
     def shutdown(self) -> None:
         """Send the spans not yet sent (bounded by the exporter's own timeout)."""
         self._provider.shutdown()
+
+
+def _resource() -> Resource:
+    """The resource of ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME``, named ``execbox-runner``
+    only when neither names the service (the SDK would say ``unknown_service``)."""
+    configured = Resource.create()
+    if str(configured.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        return configured.merge(Resource({SERVICE_NAME: "execbox-runner"}))
+    return configured

@@ -44,4 +44,4 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> ExecutionSpans 
             "OTEL_* asks for traces, but OpenTelemetry is not installed (%s): pip install 'execbox-runner[otel]'", exc
         )
         return None
-    return ExecutionSpans(environ)
+    return ExecutionSpans()
