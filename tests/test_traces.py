@@ -161,6 +161,20 @@ def test_the_service_is_named_by_the_resource_attributes_too(receiver: Receiver)
     assert receiver.services == {"runners-eu"}
 
 
+def test_the_hosts_trace_context_is_carried_on_with_its_tracestate(receiver: Receiver) -> None:
+    host = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    headers = [("traceparent", host), ("tracestate", "vendor=abc"), ("tracestate", "other=1")]
+    with running_daemon(env=receiver.environment()) as daemon:
+        with client(daemon.url, additional_headers=headers) as ws:
+            assert run_to_done(ws, "s1", "await tools.echo(1)")["ok"]
+        spans = receiver.wait_for(2)
+    (execution,) = [span for span in spans if span.name == "execbox.execution"]
+    (call,) = [span for span in spans if span.name == "execbox.tool_call"]
+    assert execution.trace_id.hex() == "0af7651916cd43dd8448eb211c80319c"
+    assert execution.parent_span_id.hex() == "b7ad6b7169203331"
+    assert execution.trace_state == call.trace_state == "vendor=abc,other=1"
+
+
 def test_traces_are_off_unless_the_environment_asks() -> None:
     assert not tracing.wanted({})
     assert not tracing.wanted({"OTEL_SERVICE_NAME": "x"})

@@ -52,7 +52,7 @@ from .net.fragments import Fragments
 from .net.frames import PlainFrames
 from .net.reactor import Reactor, Timer
 from .net.transport import Transport
-from .observability import endpoints, logs
+from .observability import endpoints, logs, tracing
 from .observability.endpoints import DaemonState
 from .observability.records import Recorder
 from .pool.pool import WorkerPool
@@ -73,7 +73,7 @@ class Connection:
     __slots__ = (
         "_close_deadline", "_closed", "_closed_by_us", "_counted", "_ended", "_eof", "_fragments", "_idle_since",
         "_lost_worker", "_memory_held", "_parser", "_reactor", "_record_dir", "_replaceable", "_requested", "_run",
-        "_scrape", "_spawn", "_timer", "_traceparent", "_worker_pid", "correlation_id", "lease", "ledger", "peer",
+        "_scrape", "_spawn", "_timer", "_trace_context", "_worker_pid", "correlation_id", "lease", "ledger", "peer",
         "pool", "recorder", "session", "settings", "state", "tenant", "tenant_name", "transport", "ws",
     )  # fmt: skip
 
@@ -123,7 +123,7 @@ class Connection:
         self.tenant_name = ""  # whose token the session bears (``tenants``; set at the handshake)
         self.tenant = ""  # executions of different tenants never share a worker, unless told to
         self._memory_held = 0  # the running execution's memoryLimitBytes, in its tenant's ledger
-        self._traceparent: str | None = None  # the host's trace context, when traces are on
+        self._trace_context: dict[str, str] = {}  # the host's W3C trace context, when traces are on
         self._worker_pid: int | None = None  # the current execution's worker, for its trace
         self._lost_worker = False  # ... and whether it was lost
         self.lease: Lease | None = None
@@ -265,8 +265,7 @@ class Connection:
         self.tenant = "" if self.state.share_workers else self.tenant_name
         self.correlation_id = logs.correlation_id(request.headers)
         if self.state.traces is not None:
-            traceparents = request.headers.get_all("traceparent")
-            self._traceparent = traceparents[0] if len(traceparents) == 1 else None
+            self._trace_context = tracing.trace_context(request.headers)
         turned_on = extensions.negotiate(request.headers.get_all(extensions.HEADER))
         if self._record_dir is not None:
             self.recorder = Recorder(self._record_dir, self.peer, self.correlation_id, self._spawn, turned_on)
@@ -395,7 +394,7 @@ class Connection:
         if self.state.traces is not None:
             self.state.traces.record(
                 record,
-                traceparent=self._traceparent,
+                trace_context=self._trace_context,
                 tenant=self.tenant_name,
                 worker_pid=self._worker_pid,
                 worker_lost=self._lost_worker,

@@ -3,14 +3,15 @@
 One span per execution (``execbox.execution``, from ``execute`` to ``done``), a child span per tool
 call (``execbox.tool_call``, from ``tool_call`` to ``tool_result``; one never answered ends with the
 execution), and events for a cancel, a timeout, a memory limit and a lost worker. A ``traceparent``
-from the host's handshake makes the execution span a child of the host's span. The spans are made
-after the fact from the times the session kept, so a traced execution costs nothing while it runs.
-Attributes never hold a token or the guest's code: its size, the tenant's label, the worker's PID.
+from the host's handshake makes the execution span a child of the host's span, carrying on its
+``tracestate``. The spans are made after the fact from the times the session kept, so a traced
+execution costs nothing while it runs. Attributes never hold a token or the guest's code: its size, the tenant's label, the worker's PID.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Final
 
 from opentelemetry import trace
@@ -42,7 +43,7 @@ class ExecutionSpans:
         self,
         record: ExecutionEnded,
         *,
-        traceparent: str | None,
+        trace_context: Mapping[str, str],
         tenant: str,
         worker_pid: int | None,
         worker_lost: bool,
@@ -50,7 +51,7 @@ class ExecutionSpans:
         """The spans of one ended execution; it ended now."""
         ended = time.time_ns()
         started = ended - round(record.duration_s * _NS)
-        parent = self._propagator.extract({"traceparent": traceparent}) if traceparent else None
+        parent = self._propagator.extract(trace_context) if trace_context else None
         attributes: dict[str, str | int | float | bool] = {
             "execbox.execution_id": record.id,
             "execbox.outcome": record.outcome,

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from websockets.datastructures import Headers
+
     from .spans import ExecutionSpans
 
 log = logging.getLogger(__name__)
@@ -45,3 +47,16 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> ExecutionSpans 
         )
         return None
     return ExecutionSpans()
+
+
+def trace_context(headers: Headers) -> dict[str, str]:
+    """The host's W3C trace context from its handshake: its one ``traceparent`` and, with it, its
+    ``tracestate`` (several headers are one list, joined by commas), which the runner's spans carry
+    on. The SDK's propagator judges both and ignores what is not well formed."""
+    traceparents = headers.get_all("traceparent")
+    if len(traceparents) != 1:
+        return {}
+    context = {"traceparent": traceparents[0]}
+    if tracestates := headers.get_all("tracestate"):
+        context["tracestate"] = ",".join(tracestates)
+    return context
