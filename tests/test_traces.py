@@ -175,6 +175,22 @@ def test_the_hosts_trace_context_is_carried_on_with_its_tracestate(receiver: Rec
     assert execution.trace_state == call.trace_state == "vendor=abc,other=1"
 
 
+def test_an_exporter_or_protocol_the_runner_does_not_make_is_warned_of(receiver: Receiver) -> None:
+    environment = receiver.environment(OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_TRACES_EXPORTER="otlp,console")
+    with running_daemon(env=environment) as daemon:
+        with client(daemon.url) as ws:
+            assert run_to_done(ws, "g1", "1")["ok"]
+        assert [span.name for span in receiver.wait_for(1)] == ["execbox.execution"]  # over OTLP/HTTP
+        lines = daemon.json_lines(lambda lines: len([line for line in lines if "setting" in line]) == 2)
+    warnings = {line["setting"]: line["message"] for line in lines if "setting" in line}
+    assert warnings == {
+        "OTEL_TRACES_EXPORTER": "OTEL_TRACES_EXPORTER=otlp,console is not supported: the runner sends its "
+        "traces over OTLP/HTTP (OTEL_TRACES_EXPORTER=otlp)",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported: the runner sends its "
+        "traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)",
+    }
+
+
 def test_traces_are_off_unless_the_environment_asks() -> None:
     assert not tracing.wanted({})
     assert not tracing.wanted({"OTEL_SERVICE_NAME": "x"})

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ASKING: Final = ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+# What the runner makes whatever these say: a warning tells an operator who asked for another.
+MADE: Final = {
+    "OTEL_TRACES_EXPORTER": "otlp",
+    "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+}
 
 
 def wanted(environ: Mapping[str, str]) -> bool:
@@ -36,9 +42,20 @@ def wanted(environ: Mapping[str, str]) -> bool:
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> ExecutionSpans | None:
     """The daemon's tracer when the environment asks for traces and the SDK is installed, else None
-    (with a warning when traces were asked for but cannot be made)."""
+    (with a warning when traces were asked for but cannot be made, or not as asked)."""
     if not wanted(environ):
         return None
+    for name, supported in MADE.items():
+        asked = [value.strip() for value in environ.get(name, "").lower().split(",") if value.strip()]
+        if [value for value in asked if value != supported]:
+            log.warning(
+                "%s=%s is not supported: the runner sends its traces over OTLP/HTTP (%s=%s)",
+                name,
+                environ[name],
+                name,
+                supported,
+                extra={"setting": name},
+            )
     try:
         from .spans import ExecutionSpans  # noqa: PLC0415 - the optional extra, loaded only when asked for
     except ImportError as exc:
