@@ -65,6 +65,25 @@ def test_a_run_its_dead_worker_never_answered_runs_on_another(profile: str) -> N
         assert any("placing it on another worker" in line["message"] for line in placed)
 
 
+def test_a_hosts_execution_id_cannot_forge_a_text_log_line() -> None:
+    """The line of a run placed again names the execution in its message: an id with a line break
+    stays on that line, escaped, rather than writing a line of the host's own."""
+    forged = "e1\n2026-01-01 00:00:00,000 CRITICAL execbox_runner: forged"
+    with running_daemon("--log-format", "text", "--warm-workers", "1") as daemon:
+        with client(daemon.url) as ws:
+            (spare,) = stop_all(daemon, signal.SIGSTOP)
+            ws.send(execute(forged, "1 + 1"))
+            assert receive(ws)["type"] == "started"
+            time.sleep(0.3)  # the run went to the stopped worker
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(spare, signal.SIGKILL)
+            assert receive(ws, timeout=60)["result"] == 2
+        lines = daemon.log_lines(lambda lines: any("placing it on another worker" in line for line in lines))
+    assert not [line for line in lines if line.startswith("2026-01-01")]  # no line of the host's
+    (placed,) = [line for line in lines if "placing it on another worker" in line]
+    assert "execution e1\\n2026-01-01 00:00:00,000 CRITICAL execbox_runner: forged: worker" in placed
+
+
 def test_an_answered_execution_is_not_run_again() -> None:
     with running_daemon("--warm-workers", "2") as daemon, client(daemon.url) as ws:
         ws.send(execute("e1", "await tools.echo(1); while (true) {}", timeoutMs=60_000))

@@ -42,6 +42,8 @@ _STANDARD_FIELDS: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", Non
 _TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}(-.*)?")
 _REQUEST_ID: Final = re.compile(r"[ -~]{1,128}")  # printable ASCII, bounded
 _BARE_VALUE: Final = re.compile(r"[!#-<>-~]+")  # printable ASCII but space, quote and =: unquoted in text lines
+# Line breaks and other control characters: escaped in a text line's message, as JSON escapes them.
+_CONTROLS: Final = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 _encoder: Final = msgspec.json.Encoder(enc_hook=str)
 
 
@@ -85,10 +87,15 @@ class TextFormatter(logging.Formatter):
     """A record as one human-readable line: time, level, logger, message; an execution's line then
     carries its fields as ``key=value`` (the execution id first), so that text mode says as much
     about each execution as JSON mode, on one line. A value with spaces, quotes, ``=`` or line
-    breaks (a request id, guest code) is quoted as a JSON string."""
+    breaks (a request id, guest code) is quoted as a JSON string, and the message's control
+    characters are escaped: a host's text in it (an execution id) cannot start a line of its own."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line before any traceback, its control characters escaped as JSON escapes them."""
+        return _CONTROLS.sub(_escaped, super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -97,6 +104,10 @@ class TextFormatter(logging.Formatter):
         fields = {key: value for key, value in vars(record).items() if key not in _STANDARD_FIELDS}
         fields.pop("outcome", None)  # the message says it
         return line + "".join(f" {key}={_text_value(value)}" for key, value in fields.items() if value is not None)
+
+
+def _escaped(control: re.Match[str]) -> str:
+    return json.dumps(control[0])[1:-1]
 
 
 def _text_value(value: object) -> str:
