@@ -149,7 +149,13 @@ def test_pipelined_probes_get_the_first_answered_then_a_close() -> None:
 
 
 def test_a_peer_that_resets_its_connection_is_an_info_line() -> None:
+    """A session's reset is an info line with its correlation id; a connection reset during its
+    handshake (anyone can open one, many a second) is only a debug line, so it costs no log."""
     with running_daemon() as d:
+        for _ in range(20):
+            with socket.create_connection(address(d), timeout=SOCKET_TIMEOUT_S) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a handshake begun
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         for code in ("1 + 1", "await tools.hang()"):
             with client(d.url) as ws:
                 ws.send(execute("reset", code))
@@ -162,6 +168,8 @@ def test_a_peer_that_resets_its_connection_is_an_info_line() -> None:
         lost = [line for line in lines if line["message"].startswith("connection from 127.0.0.1:")]
         assert len(lost) == 2 and {line["level"] for line in lost} == {"info"}, lost
         assert "reset" in lost[0]["message"]
+        resets = {line["correlation_id"] for line in lines if line.get("execution_id") == "reset"}
+        assert len(resets) == 2 and {line["correlation_id"] for line in lost} == resets
         assert_no_error_logged(d)
 
 

@@ -165,8 +165,16 @@ class Connection:
         self._guarded(self._peer_ended)
 
     def lost(self, reason: str | None) -> None:
+        """The connection broke (``reason``): an info line for a session, with its correlation id;
+        a connection still in its handshake (anyone's, many a second) is only a debug line."""
         if reason is not None:
-            log.info("connection from %s lost: %s", self.peer, reason)
+            log.log(
+                logging.INFO if self._counted else logging.DEBUG,
+                "connection from %s lost: %s",
+                self.peer,
+                reason,
+                extra={"correlation_id": self.correlation_id} if self._counted else None,
+            )
         self._guarded(self._end)
 
     def worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None:
