@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 from execbox_runner.client import QuotaExceeded, Runner
 from execbox_runner.daemon.tenants import Ledger, Tenant, read_tenants
 
-from .daemonkit import Daemon, client, execute, receive, running_daemon
+from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon, running_daemon_with_site
 
 TOKENS = """\
 # tenant names label metrics and log lines; quotas are per tenant
@@ -177,3 +178,35 @@ def test_a_tenant_whose_guests_spent_its_cpu_minute_gets_429(daemon: Daemon) -> 
         done = receive(spinning)
         assert (done["type"], done["error"]["code"]) == ("done", "timeout")
     assert Runner.connect(daemon.url, token="acme-1").execute_sync("1").ok  # others are served
+
+
+# The daemon's look at every tenant's workers made hourly: only the look at a stopping worker counts.
+RARE_CPU_LOOKS = textwrap.dedent(
+    """
+    import os
+
+    if os.environ.get("EXECBOX_TEST_RARE_CPU_LOOKS"):
+        from execbox_runner.daemon import server
+
+        server.CPU_SAMPLE_INTERVAL_S = 3600.0
+    """
+)
+
+
+def test_a_worker_stopped_after_its_execution_has_its_cpu_counted(tmp_path: Path) -> None:
+    """In ``hardened`` each execution's worker stops as it ends, within the second between the
+    daemon's looks at the tenants' workers: it is looked at as it stops, so its guest's CPU counts
+    for the tenant (its metric, its CPU quota) rather than vanishing with the process."""
+    flag = "EXECBOX_TEST_RARE_CPU_LOOKS"
+    with running_daemon_with_site(tmp_path, RARE_CPU_LOOKS, flag, "--profile", "hardened", "--tokens", "t") as d:
+        with client(d.url, additional_headers={"Authorization": "Bearer t"}) as ws:
+            for index in range(3):
+                done = run_to_done(ws, f"spin-{index}", "const end = Date.now() + 200; while (Date.now() < end) {}")
+                assert done["ok"], done
+        host, port = d.url.removeprefix("ws://").rstrip("/").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+        connection.close()
+    (sample,) = [line for line in text.splitlines() if line.startswith("execbox_tenant_cpu_seconds_total{")]
+    assert sample.startswith('execbox_tenant_cpu_seconds_total{tenant="token-0"} ') and float(sample.split()[-1]) > 0

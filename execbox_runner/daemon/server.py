@@ -46,6 +46,7 @@ from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
 from .pool.sharing import Shares
+from .pool.worker import Worker
 from .report import (
     UNSAFE_SETTINGS,
     accepted_tenants,
@@ -467,19 +468,26 @@ class Daemon:
 
     async def _sample_tenant_cpu(self) -> None:
         """Once a second, what each tenant's workers spent since the last look: for the CPU quotas,
-        and ``execbox_tenant_cpu_seconds_total``."""
+        and ``execbox_tenant_cpu_seconds_total``. A worker the pool stops after its last execution
+        (each one, in ``hardened``) is looked at then, or its CPU since the last look would be lost."""
         seen: dict[int, float] = {}  # worker PID -> its CPU seconds at the last look
+
+        def look(worker: Worker) -> None:
+            spent = cpu_seconds(worker.pid)
+            if spent is not None and worker.tenant:
+                delta = max(0.0, spent - seen.get(worker.pid, 0.0))
+                seen[worker.pid] = spent
+                self.ledger.add_cpu(worker.tenant, delta, self.reactor.now())
+                if self.state.metrics is not None:
+                    self.state.metrics.tenant_cpu.labels(worker.tenant).inc(delta)
+
+        self.pool.stopping = look
         while True:
-            now, current = self.reactor.now(), {}
-            for worker in self.pool.workers:
-                spent = cpu_seconds(worker.pid)
-                if spent is not None and worker.tenant:
-                    current[worker.pid] = spent
-                    delta = max(0.0, spent - seen.get(worker.pid, 0.0))
-                    self.ledger.add_cpu(worker.tenant, delta, now)
-                    if self.state.metrics is not None:
-                        self.state.metrics.tenant_cpu.labels(worker.tenant).inc(delta)
-            seen = current
+            workers = list(self.pool.workers)
+            for worker in workers:
+                look(worker)
+            for gone in seen.keys() - {worker.pid for worker in workers}:
+                del seen[gone]
             await trio.sleep(CPU_SAMPLE_INTERVAL_S)
 
     async def _summarize_refusals(self) -> None:

@@ -122,6 +122,9 @@ class WorkerPool:
         self._wake_spawner = trio.Event()  # while the pool starts: a change, perhaps a spare ready
         self._up = False  # the warm spares were ready once: ``run`` only retires idle workers from then on
         self._nursery: trio.Nursery | None = None
+        # Called with a worker the pool is about to stop after its last execution (retired), while
+        # its process is still there to read: the server takes the CPU it spent since its last look.
+        self.stopping: Callable[[Worker], None] | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -522,6 +525,8 @@ class WorkerPool:
                 # Killed once the reactor's pass has written what it sends (the last execution's
                 # ``done`` among it): signalling a process, and its exit, need not come first.
                 worker.alive = False
+                if self.stopping is not None:
+                    self.stopping(worker)
                 self.reactor.later(functools.partial(worker.kill, worker.retiring))
                 self._replace(worker)
         self._serve_waiting()
