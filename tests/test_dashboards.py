@@ -48,9 +48,10 @@ def scrape(url: str) -> str:
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
     """Sample name -> label names, from a real daemon's /metrics after executions that end ok,
-    with an error and with a timeout, a tool call and a refused handshake, so every labelled
-    family has samples."""
-    with running_daemon("--tokens", "dashboard-token") as daemon:
+    with an error and with a timeout, a tool call, a refused handshake, retired workers (one
+    execution each) and a tenant's CPU (sampled once a second), so every labelled family has
+    samples."""
+    with running_daemon("--tokens", "dashboard-token", "--max-executions-per-worker", "1") as daemon:
         headers = {"Authorization": "Bearer dashboard-token"}
         with client(daemon.url, additional_headers=headers) as ws:
             assert run_to_done(ws, "ok", "await tools.echo(1)")["ok"] is True
@@ -124,6 +125,19 @@ def used(query: str) -> list[tuple[str, set[str]]]:
     return found
 
 
+def grouped(node: Any) -> Iterator[tuple[set[str], set[str]]]:
+    """(labels of a ``by`` clause, the metric names it groups) for every aggregation of a parsed
+    expression: a label summed by must be one the grouped series carry."""
+    modifier = getattr(node, "modifier", None) if isinstance(node, promql_parser.AggregateExpr) else None
+    if modifier is not None and modifier.type == promql_parser.AggModifierType.By:
+        yield set(modifier.labels), {selector.name for selector in selectors(node.expr)}
+    for child in ("expr", "lhs", "rhs", "param"):
+        if getattr(node, child, None) is not None:
+            yield from grouped(getattr(node, child))
+    for argument in getattr(node, "args", None) or []:
+        yield from grouped(argument)
+
+
 def recorded() -> set[str]:
     return {rule["record"] for rule in rules() if "record" in rule}
 
@@ -140,6 +154,9 @@ def test_every_query_parses_and_uses_only_exported_metrics_and_labels(exported: 
             assert name in exported or name in PROMETHEUS_SERIES, f"{name} is not exported by the daemon (in {query!r})"
             if name in exported:
                 assert labels - TARGET_LABELS <= exported[name], f"{name} has no label {labels - exported[name]}"
+        for labels, grouped_names in grouped(promql_parser.parse(grafana_to_promql(query))):
+            for name in grouped_names & set(exported):
+                assert labels - TARGET_LABELS <= exported[name], f"{name} has no label {labels - exported[name]}"
     # Everything an operator watches is on the dashboard or in an alert.
     watched = {
         "execbox_active_sessions",
@@ -154,6 +171,9 @@ def test_every_query_parses_and_uses_only_exported_metrics_and_labels(exported: 
         "execbox_memory_budget_bytes",
         "execbox_unsafe_settings",
         "execbox_draining",
+        "execbox_tenant_executions_total",
+        "execbox_tenant_cpu_seconds_total",
+        "execbox_worker_exits_total",
         "up",
     }
     assert watched <= names
@@ -167,6 +187,9 @@ def test_the_checker_refuses_what_the_daemon_does_not_export(exported: dict[str,
     assert "outcome" in exported["execbox_executions_total"]
     assert "code" in exported["execbox_executions_total"]
     assert "setting" in exported["execbox_unsafe_settings"]
+    (by_typo,) = grouped(promql_parser.parse("sum by (tenant, outcom) (rate(execbox_tenant_executions_total[5m]))"))
+    assert by_typo == ({"tenant", "outcom"}, {"execbox_tenant_executions_total"})
+    assert not by_typo[0] <= exported["execbox_tenant_executions_total"]
     with pytest.raises(ValueError):
         promql_parser.parse("sum(rate(execbox_executions_total[5m])")
 
