@@ -134,6 +134,19 @@ def test_a_browser_origin_is_refused_unless_listed() -> None:
 # ------------------------------------------------------------------ pipelined requests
 
 
+def test_a_head_request_gets_the_answers_status_and_headers_without_its_body() -> None:
+    with running_daemon() as d:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            with socket.create_connection(address(d), timeout=SOCKET_TIMEOUT_S) as sock:
+                sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                answer = b""
+                while chunk := sock.recv(65536):  # the daemon closes after its answer
+                    answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n") and body == b"", (path, answer)
+            assert int(re.search(rb"Content-Length: (\d+)", head)[1]) > 0  # the length a GET's body has
+
+
 def test_pipelined_probes_get_the_first_answered_then_a_close() -> None:
     with running_daemon() as d:
         answer = exchange(d, HEALTHZ + HEALTHZ)

@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final
 
 from websockets.datastructures import Headers
@@ -223,6 +223,15 @@ def bad_request(message: str) -> Response:
 
 
 def _observation(path: str, request: Request, state: DaemonState, *, details: bool) -> Response | None:
+    """``/readyz``, ``/healthz`` and ``/metrics``; None for any other path. A ``HEAD`` request (a
+    load balancer's check) gets the answer's status and headers without its body, as HTTP asks."""
+    answer = _answer(path, request, state, details=details)
+    if answer is not None and request.method == "HEAD":
+        return replace(answer, body=b"")
+    return answer
+
+
+def _answer(path: str, request: Request, state: DaemonState, *, details: bool) -> Response | None:
     """``/readyz``, ``/healthz`` and ``/metrics``; None for any other path. ``details`` (the
     detailed ``/healthz``, ``/metrics``) are served where they live, to a bearer of a metrics
     token when there are any; elsewhere ``/healthz`` is the bare answer probes need."""
