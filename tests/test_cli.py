@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,6 +190,40 @@ def test_exit_statuses_of_exec(daemon: Daemon) -> None:
     )
     unreachable = f"ws://127.0.0.1:{free_port()}/"
     one_line(run("exec", "1", "--url", unreachable), 1, f"cannot connect to {unreachable}: connection refused")
+
+
+def test_ctrl_c_cancels_the_execution_on_the_runner_and_exits_1_in_one_line() -> None:
+    """SIGINT mid-execution: the runner is told to cancel (its execution ends long before its own
+    timeout), and exec says so in one line with status 1, not a traceback."""
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(config.ENV_PREFIX)}
+    code = "console.log('spinning'); while (true) {}"
+    with running_daemon("--max-timeout-ms", "600000") as d:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "execbox_runner", "exec", "--url", d.url, "--timeout-ms", "600000", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        try:
+            lines: queue.Queue[str] = queue.Queue()
+            stderr = process.stderr
+            assert stderr is not None
+            threading.Thread(target=lambda: lines.put(stderr.readline()), daemon=True).start()
+            assert lines.get(timeout=60) == "spinning\n"  # a live log: the guest is running
+            process.send_signal(signal.SIGINT)
+            stdout, rest = process.communicate(timeout=60)
+        finally:
+            stop(process, signal.SIGKILL)
+        assert (process.returncode, stdout, rest) == (
+            1,
+            "",
+            "execbox-runner exec: interrupted: the execution was cancelled\n",
+        )
+        # The execution ended (a cancel's done is a timeout), not left to its ten minutes.
+        ended = d.json_lines(lambda lines: any("error_code" in line for line in lines))
+        assert [line["error_code"] for line in ended if "error_code" in line] == ["timeout"]
 
 
 def test_a_wss_url_to_a_plain_runner_names_the_reason(daemon: Daemon) -> None:

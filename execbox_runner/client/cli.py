@@ -5,8 +5,8 @@ end) and its result, as JSON, to stdout, so the output can be piped. ``CODE_OR_F
 rule in ``CODE_OR_FILE_HELP``.
 
 Exit status (the scheme of every command, ``exit_statuses``): 0 the execution
-succeeded; 1 it failed: a guest error (including its timeout), or a runner
-that could not be reached, went away or is busy; 2 a usage error: a bad flag or
+succeeded; 1 it failed: a guest error (including its timeout), Ctrl-C (which
+cancels it), or a runner that could not be reached, went away or is busy; 2 a usage error: a bad flag or
 value, a file that cannot be read, or a runner that refused the request as
 invalid (HTTP 401 or 403, or the execute's own limits above its maxima).
 """
@@ -58,8 +58,8 @@ def add_exec_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         " as it writes them, its result as JSON to stdout.",
         formatter_class=HelpFormatter,
         epilog=exit_statuses(
-            failure="the execution failed (a guest error or its timeout), or the runner could not be reached,"
-            " went away or is busy",
+            failure="the execution failed (a guest error or its timeout), was interrupted (Ctrl-C cancels it),"
+            " or the runner could not be reached, went away or is busy",
             usage="a bad flag or value, a file that cannot be read, a runner that refused the request"
             " (HTTP 401/403, limits above its maxima)",
         )
@@ -96,6 +96,9 @@ def run_exec(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C while reading the code: nothing ran
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
     try:
         with Runner.connect(url, token=token) if url else Runner.local() as runner:
             result = runner.execute_sync(code, timeout_ms=args.timeout_ms, on_log=_log_line)
@@ -105,6 +108,9 @@ def run_exec(args: argparse.Namespace) -> int:
     except RunnerError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exit_status(exc)
+    except KeyboardInterrupt:  # Ctrl-C: leaving the execution cancelled it on the runner
+        print(f"{PROG}: interrupted: the execution was cancelled", file=sys.stderr)
+        return EXIT_FAILURE
     if result.error is not None:
         if result.refused:
             print(
