@@ -16,13 +16,17 @@ the harness ignores header fields it does not know, so records still replay.
 A transcript streams to disk as the session goes (its steps are appended in
 order by a writer task, in a worker thread, as they happen), so recording holds
 a few of a session's messages at most, however long it runs and however large
-its tool results. A record that cannot be written is logged once and dropped; the
-session goes on.
+its tool results. It is appended to ``NAME.jsonl.partial`` and renamed
+``NAME.jsonl`` when the session ends, so a ``*.jsonl`` is always a whole
+session: one still under way, or cut short by a crash, is never replayed as if
+it were. A record that cannot be written is logged once and removed; the session
+goes on.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import re
@@ -58,7 +62,7 @@ class Recorder:
         self.correlation_id = correlation_id
         self.extensions = extensions  # the protocol extensions the session turned on, for its replay
         self.started = time.time()
-        self.path: Path | None = None  # named by the first step (the first execute's id)
+        self.path: Path | None = None  # named by the first step (the first execute's id); whole once it ends
         self.executions: list[dict[str, Any]] = []
         self._pending: list[str] = []  # JSON lines not yet on disk, oldest first
         self._steps = 0
@@ -160,6 +164,7 @@ class Recorder:
                     await trio.to_thread.run_sync(self._append, lines)
             if self._closing and self.path is not None and not self._failed:
                 self._closing = False  # written once
+                await trio.to_thread.run_sync(self._complete)
                 summary = {
                     "transcript": self.path.name,
                     "peer": self.peer,
@@ -174,23 +179,43 @@ class Recorder:
             self._writing = False
 
     def _append(self, lines: list[str]) -> None:
-        assert self.path is not None
         try:
-            with self.path.open("a") as transcript:
+            with _partial(self._named()).open("a") as transcript:
                 transcript.writelines(line + "\n" for line in lines)
         except OSError as exc:
             self._fail(exc)
 
+    def _complete(self) -> None:
+        """The session ended: its transcript takes its ``.jsonl`` name, whole."""
+        try:
+            _partial(self._named()).replace(self._named())
+        except OSError as exc:
+            self._fail(exc)
+
+    def _named(self) -> Path:
+        assert self.path is not None  # named by the first step, before anything is written
+        return self.path
+
     def _save(self, path: Path, text: str) -> None:
         """Write ``path`` whole or not at all (written aside, then renamed): a reader that sees the
         summary sees all of it."""
-        partial = path.with_name(path.name + ".partial")
         try:
-            partial.write_text(text + "\n")
-            partial.replace(path)
+            _partial(path).write_text(text + "\n")
+            _partial(path).replace(path)
         except OSError as exc:
             self._fail(exc)
 
     def _fail(self, exc: OSError) -> None:
+        """Log once and remove what was written: a half record would only mislead (and a full disk
+        gets its space back)."""
         self._failed = True
         log.error("could not write the session record %s: %s; the session goes on unrecorded", self.path, exc)
+        if self.path is not None:
+            for path in (self.path, self.path.with_suffix(".summary.json")):
+                with contextlib.suppress(OSError):
+                    _partial(path).unlink(missing_ok=True)
+
+
+def _partial(path: Path) -> Path:
+    """Where ``path`` is written until it is whole."""
+    return path.with_name(path.name + ".partial")
