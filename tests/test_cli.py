@@ -284,6 +284,9 @@ def test_exit_statuses_of_replay(daemon: Daemon, tmp_path: Path) -> None:
     differs = run("replay", str(doctored), "--url", daemon.url, "--token", TOKEN)
     assert differs.returncode == 1 and "0 passed, 1 failed" in differs.stdout
     one_line(run("replay", str(tmp_path / "missing.jsonl"), "--url", daemon.url), 2, "missing.jsonl")
+    summary = tmp_path / "20260101T000000.000000-x.summary.json"  # what `replay records/*` also names
+    summary.write_text(json.dumps({"transcript": "20260101T000000.000000-x.jsonl", "executions": []}, indent=2))
+    one_line(run("replay", str(summary), "--url", daemon.url), 2, "a session's summary, not its transcript")
     one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url), 2, "refused the WebSocket handshake with HTTP 401")
     one_line(run("replay", str(TRANSCRIPT)), 2, "give the runner's URL: --url or $EXECBOX_RUNNER_URL")
     one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url, "--timeout", "0"), 2, "must be a number of seconds")

@@ -69,7 +69,7 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{prog}: error: give the runner's URL: --url or ${URL_ENV}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        transcripts: list[Transcript] = [load_transcript(path) for path in args.files]
+        transcripts: list[Transcript] = [load_record(path) for path in args.files]
         anyio.run(_handshake, url, token)
     except (UsageError, TranscriptError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -85,6 +85,14 @@ def run_replay(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     print(summary(results))
     return EXIT_OK if not any(result.failed for result in results) else EXIT_FAILURE
+
+
+def load_record(path: str) -> Transcript:
+    """A transcript to replay; ``TranscriptError`` saying so for a session's summary, which
+    ``records/*`` also names."""
+    if path.endswith(".summary.json"):
+        raise TranscriptError(f"{path}: a session's summary, not its transcript: replay the *.jsonl files")
+    return load_transcript(path)
 
 
 async def _handshake(url: str, token: str | None) -> None:
