@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import ssl
 import time
@@ -43,6 +44,8 @@ DEFAULT_TIMEOUT: Final = 5.0
 #: Seconds for the TCP connection, TLS and the WebSocket handshake together.
 CONNECT_TIMEOUT: Final = 5.0
 _CLOSE_TIMEOUT: Final = 2.0
+#: A tool call's placeholder ``callId`` in a transcript, which host steps answer as ``<bind:NAME>``.
+_CALL_ID: Final = re.compile(r"<(?:bind|unique):([A-Za-z0-9_.-]+)>")
 
 
 #: The handshake header in which a host asks for protocol extensions and the runner answers those it
@@ -213,9 +216,25 @@ def _play(target: Target, transcript: Transcript, timeout: float) -> None:
             try:
                 _perform(ws, step, bindings, timeout)
             except Mismatch as exc:
-                raise exc.at(where) from None
+                raise _hinted(exc.at(where), transcript) from None
             except OSError as exc:
                 raise Mismatch(f"{where}: transport error: {exc!r}") from None
+
+
+def _hinted(mismatch: Mismatch, transcript: Transcript) -> Mismatch:
+    """``mismatch``, naming the runner's tool calls that no host step of the transcript refers to: a
+    record missing its tool results (edited, or cut short) differs for that reason, not the runner's."""
+    calls = [
+        found.group(1)
+        for step in transcript.steps
+        if step.kind == "runner" and step.value.get("type") == "tool_call"
+        if (found := _CALL_ID.fullmatch(str(step.value.get("callId"))))
+    ]
+    host = "".join(json.dumps(step.value) for step in transcript.steps if step.kind in ("host", "host_raw"))
+    if unanswered := [name for name in calls if f"<bind:{name}>" not in host]:
+        hint = f" (the transcript never answers the tool call {', '.join(unanswered)}: are its tool results missing?)"
+        return Mismatch(mismatch.difference + hint, mismatch.detail)
+    return mismatch
 
 
 def _not_turned_on(ws: Connection, extensions: tuple[str, ...]) -> list[str]:

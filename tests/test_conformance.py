@@ -429,6 +429,19 @@ def _done(exec_id: str, **fields: Any) -> dict[str, Any]:
 
 WRONG: list[tuple[str, list[dict[str, Any]], str]] = [
     (
+        "tool-result-missing",  # a record whose tool results were lost: the runner waits for one
+        [
+            _execute("x", "await tools.echo(1)"),
+            {"runner": {"type": "started", "id": "x"}},
+            {
+                "runner": {"type": "tool_call", "callId": "<bind:e1c1>", "providerName": "tools"}
+                | {"safeToolName": "echo", "input": 1}
+            },
+            _done("x", result=1),
+        ],
+        "(the transcript never answers the tool call e1c1: are its tool results missing?)",
+    ),
+    (
         "wrong-result",
         [_execute("x", "1 + 1"), {"runner": {"type": "started", "id": "x"}}, _done("x", result=3)],
         "at $.result: expected 3, got 2",
