@@ -21,13 +21,15 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from websockets.sync.server import ServerConnection
 
 from execbox_runner.client.cli import is_javascript, looks_like_a_path, read_code
 from execbox_runner.daemon import config, startup
 
-from .daemonkit import Daemon, certificate, running_daemon, stop
+from .daemonkit import Daemon, certificate, running_daemon, scripted_runner, stop
 from .test_deploy import free_port
 from .test_examples import first_line
 
@@ -292,6 +294,21 @@ def test_exit_statuses_of_replay(daemon: Daemon, tmp_path: Path) -> None:
     one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url, "--timeout", "0"), 2, "must be a number of seconds")
     unreachable = f"ws://127.0.0.1:{free_port()}/"
     one_line(run("replay", str(TRANSCRIPT), "--url", unreachable), 1, "connection refused")
+
+
+def test_replay_of_a_session_the_runner_cannot_replay_is_not_a_success() -> None:
+    """A record that used live logs, against a runner without them: skipped, and status 1, since
+    the session was not replayed (`0` says every session replayed as recorded)."""
+    live = REPO / "transcripts" / "ext-live-logs-stream.jsonl"
+
+    def accepts_and_waits(connection: ServerConnection, received: list[Any]) -> None:
+        connection.recv(timeout=10)
+
+    with scripted_runner(accepts_and_waits) as (url, _):
+        skipped = run("replay", str(live), "--url", url)
+    assert skipped.returncode == 1, skipped.stderr
+    assert skipped.stdout.splitlines()[-1] == "0 passed, 0 failed, 1 skipped"
+    assert "the runner does not offer the live-logs extension" in skipped.stdout
 
 
 # ---------------------------------------------------------------- mcp
