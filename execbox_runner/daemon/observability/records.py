@@ -8,7 +8,8 @@ placeholders: ``durationMs`` as ``<number>``, and each ``callId`` as
 ``<bind:eKcN>`` (call N of execution K, a fresh name, so it binds whatever
 the runner chooses; the host's uses of it refer to the same name). Pauses of the
 host longer than ``PAUSE_MS`` become ``sleep_ms`` steps, so a cancel that came
-while the guest was busy comes while it is busy again. Beside each transcript,
+while the guest was busy comes while it is busy again; a runner message that was
+long in coming gets a ``timeout_ms`` to match, so the replay waits for it. Beside each transcript,
 ``.summary.json`` lists the session's executions. The session's correlation id
 (as in its log lines) is in the transcript's header line and in the summary;
 the harness ignores header fields it does not know, so records still replay.
@@ -41,6 +42,11 @@ from ...protocol.session import ExecutionEnded
 
 log = logging.getLogger(__name__)
 PAUSE_MS: Final = 10
+# A runner message that came SLOW_MS or more after the step before (a long execution, an idle
+# timeout's close) is written with a wait of its own for the replay: twice what it took, plus
+# HEADROOM_MS, rather than the replay's few seconds per message, which would cut it short.
+SLOW_MS: Final = 1000
+HEADROOM_MS: Final = 5000
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -101,14 +107,19 @@ class Recorder:
             name = f"e{self._execution}c{len(self._calls) + 1}"
             self._calls[message["callId"]] = name
             message["callId"] = f"<bind:{name}>"
-        self._step({"runner": message})
+        self._step({"runner": message, **self._wait()})
         self._last = time.monotonic()
 
     def host_close(self) -> None:
         self._step({"host_close": True})
 
     def runner_close(self, code: int) -> None:
-        self._step({"runner_close": {"code": code}})
+        self._step({"runner_close": {"code": code}, **self._wait()})
+
+    def _wait(self) -> dict[str, int]:
+        """The ``timeout_ms`` of a runner step that was slow to come (see ``SLOW_MS``), else none."""
+        waited = round((time.monotonic() - self._last) * 1000)
+        return {"timeout_ms": 2 * waited + HEADROOM_MS} if waited >= SLOW_MS else {}
 
     def execution_ended(self, record: ExecutionEnded) -> None:
         self.executions.append(
