@@ -292,6 +292,8 @@ def test_exit_statuses_of_replay(daemon: Daemon, tmp_path: Path) -> None:
     one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url), 2, "refused the WebSocket handshake with HTTP 401")
     one_line(run("replay", str(TRANSCRIPT)), 2, "give the runner's URL: --url or $EXECBOX_RUNNER_URL")
     one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url, "--timeout", "0"), 2, "must be a number of seconds")
+    too_long = run("replay", str(TRANSCRIPT), "--url", daemon.url, "--timeout", "1e10")  # beyond what a wait can take
+    one_line(too_long, 2, "argument --timeout: must be a number of seconds > 0 and <= 86400, not '1e10'")
     unreachable = f"ws://127.0.0.1:{free_port()}/"
     one_line(run("replay", str(TRANSCRIPT), "--url", unreachable), 1, "connection refused")
 

@@ -381,7 +381,8 @@ def test_usage_errors_are_one_clear_line(args: list[str], message: str) -> None:
     ("args", "message"),
     [
         (["ws://127.0.0.1:1/", "--header", "no-colon"], "argument --header: expected NAME:VALUE"),
-        (["ws://127.0.0.1:1/", "--timeout", "0"], "expected a positive number of seconds, got '0'"),
+        (["ws://127.0.0.1:1/", "--timeout", "0"], "expected a positive number of seconds up to 86400, got '0'"),
+        (["ws://127.0.0.1:1/", "--timeout", "1e10"], "expected a positive number of seconds up to 86400, got '1e10'"),
         (["ws://127.0.0.1:1/", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["ws://127.0.0.1:1/", "ws://127.0.0.1:2/"], "unrecognized arguments: ws://127.0.0.1:2/"),
         (["wss://127.0.0.1:1/", "--cafile", "ca.pem", "--insecure"], "not allowed with argument --cafile"),
