@@ -194,6 +194,12 @@ def test_exit_statuses_of_exec(daemon: Daemon) -> None:
     one_line(run("exec", "1", "--url", unreachable), 1, f"cannot connect to {unreachable}: connection refused")
 
 
+def test_the_private_runner_takes_a_timeout_above_a_daemons_default_maximum() -> None:
+    """Without --url the runner is exec's own: a budget above serve's default maximum (300 s) runs."""
+    done = run("exec", "6 * 7", "--timeout-ms", "600000")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "42\n", "")
+
+
 def test_ctrl_c_cancels_the_execution_on_the_runner_and_exits_1_in_one_line() -> None:
     """SIGINT mid-execution: the runner is told to cancel (its execution ends long before its own
     timeout), and exec says so in one line with status 1, not a traceback."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -100,7 +101,9 @@ def run_exec(args: argparse.Namespace) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_FAILURE
     try:
-        with Runner.connect(url, token=token) if url else Runner.local() as runner:
+        # The private runner takes any --timeout-ms: it serves this one execution.
+        limit = ("--max-timeout-ms", str(math.ceil(args.timeout_ms)))
+        with Runner.connect(url, token=token) if url else Runner.local(daemon_args=limit) as runner:
             result = runner.execute_sync(code, timeout_ms=args.timeout_ms, on_log=_log_line)
     except ValueError as exc:  # a URL that is not ws:// or wss://, a token that cannot be sent
         print(f"{PROG}: {exc}", file=sys.stderr)
