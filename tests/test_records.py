@@ -113,9 +113,11 @@ async def test_a_record_that_cannot_be_written_is_logged_once_and_the_session_go
 
 def test_a_transcript_is_named_jsonl_only_once_its_session_ended(tmp_path: Path) -> None:
     """While a session runs (or after a crash cut it short) its transcript is ``.jsonl.partial``,
-    so ``replay records/*.jsonl`` never takes half a session for a whole one that passed."""
-    with running_daemon("--record-dir", str(tmp_path)) as d:
-        with client(d.url) as ws:
+    so ``replay records/*.jsonl`` never takes half a session for a whole one that passed. Neither
+    file holds the session's bearer token."""
+    token = "records-never-hold-this-token"
+    with running_daemon("--record-dir", str(tmp_path), "--tokens", token) as d:
+        with client(d.url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
             ws.send(execute("held", "await tools.echo(1)"))
             assert receive(ws)["type"] == "started"
             call = receive(ws)
@@ -127,6 +129,7 @@ def test_a_transcript_is_named_jsonl_only_once_its_session_ended(tmp_path: Path)
         names = wait_for_names(tmp_path, lambda names: any(name.endswith(".summary.json") for name in names))
     (transcript,) = tmp_path.glob("*-held.jsonl")
     assert names == {transcript.name, transcript.with_suffix(".summary.json").name}
+    assert not any(token in (tmp_path / name).read_text() for name in names)
     assert json.loads(transcript.read_text().splitlines()[-1]) == {"host_close": True}
 
 
