@@ -31,6 +31,7 @@ from .transcript import BUILTIN_TRANSCRIPTS, Transcript, TranscriptError, discov
 __all__ = ["DEPRECATED_TOKEN_ENV", "TOKEN_ENV", "URL_ENV", "build_parser", "main"]
 
 PROG: Final = "execbox-conformance"
+MAX_TIMEOUT: Final = 86400  # seconds: a day
 #: Where the runner's URL comes from when none is given: the name every execbox-runner client reads.
 URL_ENV: Final = "EXECBOX_RUNNER_URL"
 #: Where the bearer token comes from when ``--token`` is not given (keeps it out of process listings).
@@ -239,8 +240,8 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:  # longer overflows the waits' clocks
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds up to {MAX_TIMEOUT}, got {text!r}")
     return value
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import ssl
 import time
@@ -43,6 +44,8 @@ DEFAULT_TIMEOUT: Final = 5.0
 #: Seconds for the TCP connection, TLS and the WebSocket handshake together.
 CONNECT_TIMEOUT: Final = 5.0
 _CLOSE_TIMEOUT: Final = 2.0
+#: A tool call's placeholder ``callId`` in a transcript, which host steps answer as ``<bind:NAME>``.
+_CALL_ID: Final = re.compile(r"<(?:bind|unique):([A-Za-z0-9_.-]+)>")
 
 
 #: The handshake header in which a host asks for protocol extensions and the runner answers those it
@@ -208,14 +211,31 @@ def _play(target: Target, transcript: Transcript, timeout: float) -> None:
         if missing := _not_turned_on(ws, transcript.extensions):
             raise _Unsupported(f"the runner does not offer the {', '.join(missing)} extension")
         bindings: Bindings = {}
+        lines: list[JSON] = []  # log lines received beyond what the log steps so far expected
         for index, step in enumerate(transcript.steps, start=1):
             where = f"step {index} (line {step.line}, {step.kind})"
             try:
-                _perform(ws, step, bindings, timeout)
+                _perform(ws, step, bindings, timeout, lines)
             except Mismatch as exc:
-                raise exc.at(where) from None
+                raise _hinted(exc.at(where), transcript) from None
             except OSError as exc:
                 raise Mismatch(f"{where}: transport error: {exc!r}") from None
+
+
+def _hinted(mismatch: Mismatch, transcript: Transcript) -> Mismatch:
+    """``mismatch``, naming the runner's tool calls that no host step of the transcript refers to: a
+    record missing its tool results (edited, or cut short) differs for that reason, not the runner's."""
+    calls = [
+        found.group(1)
+        for step in transcript.steps
+        if step.kind == "runner" and step.value.get("type") == "tool_call"
+        if (found := _CALL_ID.fullmatch(str(step.value.get("callId"))))
+    ]
+    host = "".join(json.dumps(step.value) for step in transcript.steps if step.kind in ("host", "host_raw"))
+    if unanswered := [name for name in calls if f"<bind:{name}>" not in host]:
+        hint = f" (the transcript never answers the tool call {', '.join(unanswered)}: are its tool results missing?)"
+        return Mismatch(mismatch.difference + hint, mismatch.detail)
+    return mismatch
 
 
 def _not_turned_on(ws: Connection, extensions: tuple[str, ...]) -> list[str]:
@@ -225,11 +245,16 @@ def _not_turned_on(ws: Connection, extensions: tuple[str, ...]) -> list[str]:
     return [name for name in extensions if name.lower() not in turned_on]
 
 
-def _perform(ws: Connection, step: Step, bindings: Bindings, timeout: float) -> None:
-    """Perform one step, raising ``Mismatch`` if the runner does not do what it expects."""
+def _perform(ws: Connection, step: Step, bindings: Bindings, timeout: float, lines: list[JSON]) -> None:
+    """Perform one step, raising ``Mismatch`` if the runner does not do what it expects; ``lines``
+    holds the log lines received ahead of the log steps that expect them."""
     kind, value = step.kind, step.value
     wait = step.timeout if step.timeout is not None else timeout
-    if kind == "host":
+    if lines and kind in ("runner", "runner_close", "runner_silent_ms") and not _is_log(value):
+        raise Mismatch(f"the runner sent log lines the transcript does not expect: {show(lines)}")
+    if kind == "runner" and _is_log(value):
+        _expect_log_lines(ws, value, bindings, wait, lines)
+    elif kind == "host":
         _send(ws, json.dumps(substitute(value, bindings), ensure_ascii=False, allow_nan=False))
     elif kind == "host_raw":
         _send(ws, substitute_raw(value, bindings))
@@ -257,6 +282,35 @@ def _perform(ws: Connection, step: Step, bindings: Bindings, timeout: float) -> 
         if ws.protocol.close_rcvd is None:
             # The runner must answer the host's close frame (RFC 6455 closing handshake).
             raise Mismatch(f"the runner did not answer the host's close frame within {_CLOSE_TIMEOUT:g} s")
+
+
+def _is_log(value: JSON) -> bool:
+    return isinstance(value, dict) and value.get("type") == "log" and isinstance(value.get("lines"), list)
+
+
+def _expect_log_lines(
+    ws: Connection, expected: dict[str, JSON], bindings: Bindings, wait: float, lines: list[JSON]
+) -> None:
+    """A ``log`` step: its lines, however the runner grouped them into ``log`` messages. The grouping
+    is timing (each message has "one or more lines"), so a recorded session replays whether the
+    runner now sends them together or apart; the lines themselves and their order must match."""
+    want = expected["lines"]
+    while len(lines) < len(want):
+        actual = _receive(ws, wait, f"waiting for {show(expected)}")
+        if actual is None:
+            raise Mismatch(f"timed out after {wait:g} s waiting for {show(expected)}")
+        if not _is_log(actual):
+            raise Mismatch(f"expected the log lines {show(want[len(lines) :])}", f"actual {show(actual)}")
+        try:
+            match({**expected, "lines": []}, {**actual, "lines": []}, bindings)
+        except Mismatch as exc:
+            raise Mismatch(exc.difference, f"expected {show(expected)}; actual {show(actual)}") from None
+        lines.extend(actual["lines"])
+    got, lines[:] = lines[: len(want)], lines[len(want) :]
+    try:
+        match(want, got, bindings, "$.lines")
+    except Mismatch as exc:
+        raise Mismatch(exc.difference, f"expected the lines {show(want)}; actual {show(got)}") from None
 
 
 def _send(ws: Connection, data: str | bytes) -> None:

@@ -18,6 +18,7 @@ EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
 MAX_SAFE_INTEGER: Final = 2**53 - 1  # the largest limit the wire takes
 MAX_PORT: Final = 65535
+MAX_WAIT_S: Final = 86400  # a day: longer waits overflow the clocks of the waits themselves
 
 
 def exit_statuses(failure: str | None, usage: str, ok: str = "ok") -> str:
@@ -75,8 +76,8 @@ def milliseconds(text: str) -> float:
 
 
 def seconds(text: str) -> float:
-    """A wait in seconds: a number above 0."""
-    return _number(text, float, "a number of seconds > 0", 0, math.inf)
+    """A wait in seconds: a number above 0, at most a day."""
+    return _number(text, float, f"a number of seconds > 0 and <= {MAX_WAIT_S}", 0, MAX_WAIT_S)
 
 
 def count(text: str) -> int:

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from websockets.sync.server import ServerConnection
 
 from execbox_runner.client.cli import is_javascript, looks_like_a_path, read_code
 from execbox_runner.daemon import config, startup
 
-from .daemonkit import Daemon, certificate, running_daemon, stop
+from .daemonkit import Daemon, certificate, running_daemon, scripted_runner, stop
 from .test_deploy import free_port
 from .test_examples import first_line
 
@@ -189,6 +194,46 @@ def test_exit_statuses_of_exec(daemon: Daemon) -> None:
     one_line(run("exec", "1", "--url", unreachable), 1, f"cannot connect to {unreachable}: connection refused")
 
 
+def test_the_private_runner_takes_a_timeout_above_a_daemons_default_maximum() -> None:
+    """Without --url the runner is exec's own: a budget above serve's default maximum (300 s) runs."""
+    done = run("exec", "6 * 7", "--timeout-ms", "600000")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "42\n", "")
+
+
+def test_ctrl_c_cancels_the_execution_on_the_runner_and_exits_1_in_one_line() -> None:
+    """SIGINT mid-execution: the runner is told to cancel (its execution ends long before its own
+    timeout), and exec says so in one line with status 1, not a traceback."""
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(config.ENV_PREFIX)}
+    code = "console.log('spinning'); while (true) {}"
+    with running_daemon("--max-timeout-ms", "600000") as d:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "execbox_runner", "exec", "--url", d.url, "--timeout-ms", "600000", code],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        try:
+            lines: queue.Queue[str] = queue.Queue()
+            stderr = process.stderr
+            assert stderr is not None
+            threading.Thread(target=lambda: lines.put(stderr.readline()), daemon=True).start()
+            assert lines.get(timeout=60) == "spinning\n"  # a live log: the guest is running
+            process.send_signal(signal.SIGINT)
+            stdout, rest = process.communicate(timeout=60)
+        finally:
+            stop(process, signal.SIGKILL)
+        assert (process.returncode, stdout, rest) == (
+            1,
+            "",
+            "execbox-runner exec: interrupted: the execution was cancelled\n",
+        )
+        # The execution ended (a cancel's done is a timeout), not left to its ten minutes.
+        ended = d.json_lines(lambda lines: any("error_code" in line for line in lines))
+        assert [line["error_code"] for line in ended if "error_code" in line] == ["timeout"]
+
+
 def test_a_wss_url_to_a_plain_runner_names_the_reason(daemon: Daemon) -> None:
     secure = daemon.url.replace("ws://", "wss://")
     one_line(
@@ -247,11 +292,31 @@ def test_exit_statuses_of_replay(daemon: Daemon, tmp_path: Path) -> None:
     differs = run("replay", str(doctored), "--url", daemon.url, "--token", TOKEN)
     assert differs.returncode == 1 and "0 passed, 1 failed" in differs.stdout
     one_line(run("replay", str(tmp_path / "missing.jsonl"), "--url", daemon.url), 2, "missing.jsonl")
+    summary = tmp_path / "20260101T000000.000000-x.summary.json"  # what `replay records/*` also names
+    summary.write_text(json.dumps({"transcript": "20260101T000000.000000-x.jsonl", "executions": []}, indent=2))
+    one_line(run("replay", str(summary), "--url", daemon.url), 2, "a session's summary, not its transcript")
     one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url), 2, "refused the WebSocket handshake with HTTP 401")
     one_line(run("replay", str(TRANSCRIPT)), 2, "give the runner's URL: --url or $EXECBOX_RUNNER_URL")
     one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url, "--timeout", "0"), 2, "must be a number of seconds")
+    too_long = run("replay", str(TRANSCRIPT), "--url", daemon.url, "--timeout", "1e10")  # beyond what a wait can take
+    one_line(too_long, 2, "argument --timeout: must be a number of seconds > 0 and <= 86400, not '1e10'")
     unreachable = f"ws://127.0.0.1:{free_port()}/"
     one_line(run("replay", str(TRANSCRIPT), "--url", unreachable), 1, "connection refused")
+
+
+def test_replay_of_a_session_the_runner_cannot_replay_is_not_a_success() -> None:
+    """A record that used live logs, against a runner without them: skipped, and status 1, since
+    the session was not replayed (`0` says every session replayed as recorded)."""
+    live = REPO / "transcripts" / "ext-live-logs-stream.jsonl"
+
+    def accepts_and_waits(connection: ServerConnection, received: list[Any]) -> None:
+        connection.recv(timeout=10)
+
+    with scripted_runner(accepts_and_waits) as (url, _):
+        skipped = run("replay", str(live), "--url", url)
+    assert skipped.returncode == 1, skipped.stderr
+    assert skipped.stdout.splitlines()[-1] == "0 passed, 0 failed, 1 skipped"
+    assert "the runner does not offer the live-logs extension" in skipped.stdout
 
 
 # ---------------------------------------------------------------- mcp

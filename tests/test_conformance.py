@@ -381,7 +381,8 @@ def test_usage_errors_are_one_clear_line(args: list[str], message: str) -> None:
     ("args", "message"),
     [
         (["ws://127.0.0.1:1/", "--header", "no-colon"], "argument --header: expected NAME:VALUE"),
-        (["ws://127.0.0.1:1/", "--timeout", "0"], "expected a positive number of seconds, got '0'"),
+        (["ws://127.0.0.1:1/", "--timeout", "0"], "expected a positive number of seconds up to 86400, got '0'"),
+        (["ws://127.0.0.1:1/", "--timeout", "1e10"], "expected a positive number of seconds up to 86400, got '1e10'"),
         (["ws://127.0.0.1:1/", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["ws://127.0.0.1:1/", "ws://127.0.0.1:2/"], "unrecognized arguments: ws://127.0.0.1:2/"),
         (["wss://127.0.0.1:1/", "--cafile", "ca.pem", "--insecure"], "not allowed with argument --cafile"),
@@ -428,6 +429,19 @@ def _done(exec_id: str, **fields: Any) -> dict[str, Any]:
 
 
 WRONG: list[tuple[str, list[dict[str, Any]], str]] = [
+    (
+        "tool-result-missing",  # a record whose tool results were lost: the runner waits for one
+        [
+            _execute("x", "await tools.echo(1)"),
+            {"runner": {"type": "started", "id": "x"}},
+            {
+                "runner": {"type": "tool_call", "callId": "<bind:e1c1>", "providerName": "tools"}
+                | {"safeToolName": "echo", "input": 1}
+            },
+            _done("x", result=1),
+        ],
+        "(the transcript never answers the tool call e1c1: are its tool results missing?)",
+    ),
     (
         "wrong-result",
         [_execute("x", "1 + 1"), {"runner": {"type": "started", "id": "x"}}, _done("x", result=3)],
@@ -529,6 +543,38 @@ def test_harness_reports_expected_and_actual(runner_url: str, tmp_path: Path) ->
     assert result.line().startswith("FAIL wrong")
     assert result.difference == 'step 3 (line 4, runner): at $.result: expected "imagined", got "real"'
     assert '"result":"imagined"' in result.detail and '"result":"real"' in result.detail
+
+
+def sends_lines_in_two_messages(connection: Any, received: list[Any]) -> None:
+    """A runner that sends an execution's three log lines as ["a", "b"] then ["c"]."""
+    exec_id = json.loads(connection.recv(timeout=10))["id"]
+    connection.send(json.dumps({"type": "started", "id": exec_id}))
+    for lines in (["a", "b"], ["c"]):
+        connection.send(json.dumps({"type": "log", "id": exec_id, "lines": lines}))
+    connection.send(json.dumps({"type": "done", "id": exec_id, "ok": True, "durationMs": 1, "logs": ["a", "b", "c"]}))
+    connection.recv(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("grouping", "difference"),
+    [
+        ([["a"], ["b", "c"]], ""),  # grouped otherwise than the runner did: the same lines
+        ([["a", "b", "c"]], ""),
+        ([["a"], ["c", "b"]], 'step 4 (line 5, runner): at $.lines[0]: expected "c", got "b"'),
+        ([["a"]], 'step 4 (line 5, runner): the runner sent log lines the transcript does not expect: ["b"]'),
+    ],
+    ids=["regrouped", "together", "out of order", "more lines"],
+)
+def test_log_lines_match_however_the_runner_groups_them(
+    tmp_path: Path, grouping: list[list[str]], difference: str
+) -> None:
+    """A log message has one or more lines (the spec's live-logs): which ones travel together is
+    timing, so a recorded session's log steps match the same lines grouped otherwise, in order."""
+    logs = [{"runner": {"type": "log", "id": "x", "lines": lines}} for lines in grouping]
+    steps = [_execute("x", "logs"), {"runner": {"type": "started", "id": "x"}}, *logs, _done("x", logs=["a", "b", "c"])]
+    with scripted_runner(sends_lines_in_two_messages) as (url, _):
+        result = run_transcript(url, _write(tmp_path, "grouped", steps), timeout=5.0)
+    assert (result.passed, result.difference) == (not difference, difference)
 
 
 def test_match_placeholders() -> None:

@@ -51,11 +51,11 @@ def test_the_trace_id_of_a_traceparent_is_the_sessions_correlation_id(recording:
     daemon, records = recording
     assert session(daemon, "traced", {"traceparent": TRACEPARENT, "X-Request-Id": "not-this"}) == TRACE_ID
     assert [line["correlation_id"] for line in execution_lines(daemon, "traced")] == [TRACE_ID, TRACE_ID]
+    deadline = time.monotonic() + 10  # the transcript is complete, and the summary written, once the session ended
+    while not list(records.glob("*-traced.summary.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     (transcript,) = records.glob("*-traced.jsonl")
     assert json.loads(transcript.read_text().splitlines()[0])["correlation_id"] == TRACE_ID
-    deadline = time.monotonic() + 10  # the summary is written once the session has ended
-    while not transcript.with_suffix(".summary.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert json.loads(transcript.with_suffix(".summary.json").read_text())["correlation_id"] == TRACE_ID
 
 

@@ -391,3 +391,23 @@ def test_recorded_sessions_replay_with_no_difference(tmp_path: Path) -> None:
             timeout=120,
         )
         assert replay.returncode == 1 and "got 2" in replay.stdout and "0 passed, 1 failed" in replay.stdout
+
+
+def test_a_recorded_execution_slower_than_the_replays_wait_still_replays(tmp_path: Path) -> None:
+    """An execution that ran longer than replay's wait for each message (here --timeout 1 against a
+    1.5 s timeout): its record says how long to wait for the done, so the replay passes."""
+    records = tmp_path / "records"
+    with running_daemon("--record-dir", str(records)) as d:
+        with client(d.url) as ws:
+            assert run_to_done(ws, "slow", "while (true) {}", timeoutMs=1500)["error"]["code"] == "timeout"
+        deadline = time.monotonic() + 10  # the transcript takes its name once the session has ended
+        while not list(records.glob("*-slow.summary.json")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (transcript,) = records.glob("*-slow.jsonl")
+        replay = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "replay", str(transcript), "--url", d.url, "--timeout", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert replay.returncode == 0, replay.stdout + replay.stderr

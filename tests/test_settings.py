@@ -106,6 +106,7 @@ MISCONFIGURATIONS = [
     (["--keyfile", "/nonexistent/key.pem"], "--keyfile needs --certfile"),
     (["--config", "/nonexistent/runner.toml"], "cannot read config file /nonexistent/runner.toml"),
     (["--record-dir", "/etc/hostname"], "exists and is not a directory"),
+    (["--record-dir", "/sys/kernel"], "cannot use --record-dir /sys/kernel: "),  # a directory no one may write
     (["--warm-workers", "5", "--max-workers", "2"], "--warm-workers 5 exceeds --max-workers 2"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--port"], "expected one argument"),

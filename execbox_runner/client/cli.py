@@ -5,8 +5,8 @@ end) and its result, as JSON, to stdout, so the output can be piped. ``CODE_OR_F
 rule in ``CODE_OR_FILE_HELP``.
 
 Exit status (the scheme of every command, ``exit_statuses``): 0 the execution
-succeeded; 1 it failed: a guest error (including its timeout), or a runner
-that could not be reached, went away or is busy; 2 a usage error: a bad flag or
+succeeded; 1 it failed: a guest error (including its timeout), Ctrl-C (which
+cancels it), or a runner that could not be reached, went away or is busy; 2 a usage error: a bad flag or
 value, a file that cannot be read, or a runner that refused the request as
 invalid (HTTP 401 or 403, or the execute's own limits above its maxima).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -58,8 +59,8 @@ def add_exec_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         " as it writes them, its result as JSON to stdout.",
         formatter_class=HelpFormatter,
         epilog=exit_statuses(
-            failure="the execution failed (a guest error or its timeout), or the runner could not be reached,"
-            " went away or is busy",
+            failure="the execution failed (a guest error or its timeout), was interrupted (Ctrl-C cancels it),"
+            " or the runner could not be reached, went away or is busy",
             usage="a bad flag or value, a file that cannot be read, a runner that refused the request"
             " (HTTP 401/403, limits above its maxima)",
         )
@@ -96,8 +97,13 @@ def run_exec(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C while reading the code: nothing ran
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_FAILURE
     try:
-        with Runner.connect(url, token=token) if url else Runner.local() as runner:
+        # The private runner takes any --timeout-ms: it serves this one execution.
+        limit = ("--max-timeout-ms", str(math.ceil(args.timeout_ms)))
+        with Runner.connect(url, token=token) if url else Runner.local(daemon_args=limit) as runner:
             result = runner.execute_sync(code, timeout_ms=args.timeout_ms, on_log=_log_line)
     except ValueError as exc:  # a URL that is not ws:// or wss://, a token that cannot be sent
         print(f"{PROG}: {exc}", file=sys.stderr)
@@ -105,6 +111,9 @@ def run_exec(args: argparse.Namespace) -> int:
     except RunnerError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exit_status(exc)
+    except KeyboardInterrupt:  # Ctrl-C: leaving the execution cancelled it on the runner
+        print(f"{PROG}: interrupted: the execution was cancelled", file=sys.stderr)
+        return EXIT_FAILURE
     if result.error is not None:
         if result.refused:
             print(

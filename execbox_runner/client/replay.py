@@ -1,8 +1,8 @@
 """``execbox-runner replay``: play recorded sessions' host side against a runner, with the
 conformance kit, and report where its answers differ.
 
-Exit status: 0 every session replayed as recorded; 1 a session differed, or the runner could not be
-reached or went away; 2 a bad flag, a missing or malformed file, a runner that refused the
+Exit status: 0 every session replayed as recorded; 1 a session differed or could not be replayed
+(the runner lacks a protocol extension it used), or the runner could not be reached or went away; 2 a bad flag, a missing or malformed file, a runner that refused the
 handshake (HTTP 401 or 403).
 """
 
@@ -42,7 +42,8 @@ def add_replay_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
         " and report where its answers differ: one PASS or FAIL line per file, then the totals.",
         formatter_class=HelpFormatter,
         epilog=exit_statuses(
-            failure="a session differed, or the runner could not be reached or went away",
+            failure="a session differed or was skipped (the runner lacks a protocol extension it used), or the"
+            " runner could not be reached or went away",
             usage="a bad flag, a missing or malformed file, a runner that refused the handshake (HTTP 401/403)",
             ok="every session replayed as recorded",
         )
@@ -69,7 +70,7 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{prog}: error: give the runner's URL: --url or ${URL_ENV}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        transcripts: list[Transcript] = [load_transcript(path) for path in args.files]
+        transcripts: list[Transcript] = [load_record(path) for path in args.files]
         anyio.run(_handshake, url, token)
     except (UsageError, TranscriptError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -84,7 +85,16 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     print(summary(results))
-    return EXIT_OK if not any(result.failed for result in results) else EXIT_FAILURE
+    # A skipped session (the runner lacks an extension it used) was not replayed: not a success.
+    return EXIT_OK if all(result.passed for result in results) else EXIT_FAILURE
+
+
+def load_record(path: str) -> Transcript:
+    """A transcript to replay; ``TranscriptError`` saying so for a session's summary, which
+    ``records/*`` also names."""
+    if path.endswith(".summary.json"):
+        raise TranscriptError(f"{path}: a session's summary, not its transcript: replay the *.jsonl files")
+    return load_transcript(path)
 
 
 async def _handshake(url: str, token: str | None) -> None:

@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import ssl
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, Protocol
@@ -185,11 +186,15 @@ def _tls_problem(certfile: str, keyfile: str, exc: OSError) -> str:
 
 
 def record_directory(settings: Settings) -> Path | None:
+    """``--record-dir``, created if missing and tried with a file, so that a directory the daemon
+    cannot write (read-only, another user's) stops it at start rather than losing every record."""
     if not settings.record_dir:
         return None
     directory = Path(settings.record_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".writable-"):
+            pass
     except OSError as exc:
         raise ConfigurationError(f"cannot use --record-dir {directory}: {exc.strerror}") from None
     return directory

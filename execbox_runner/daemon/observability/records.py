@@ -8,7 +8,8 @@ placeholders: ``durationMs`` as ``<number>``, and each ``callId`` as
 ``<bind:eKcN>`` (call N of execution K, a fresh name, so it binds whatever
 the runner chooses; the host's uses of it refer to the same name). Pauses of the
 host longer than ``PAUSE_MS`` become ``sleep_ms`` steps, so a cancel that came
-while the guest was busy comes while it is busy again. Beside each transcript,
+while the guest was busy comes while it is busy again; a runner message that was
+long in coming gets a ``timeout_ms`` to match, so the replay waits for it. Beside each transcript,
 ``.summary.json`` lists the session's executions. The session's correlation id
 (as in its log lines) is in the transcript's header line and in the summary;
 the harness ignores header fields it does not know, so records still replay.
@@ -16,13 +17,17 @@ the harness ignores header fields it does not know, so records still replay.
 A transcript streams to disk as the session goes (its steps are appended in
 order by a writer task, in a worker thread, as they happen), so recording holds
 a few of a session's messages at most, however long it runs and however large
-its tool results. A record that cannot be written is logged once and dropped; the
-session goes on.
+its tool results. It is appended to ``NAME.jsonl.partial`` and renamed
+``NAME.jsonl`` when the session ends, so a ``*.jsonl`` is always a whole
+session: one still under way, or cut short by a crash, is never replayed as if
+it were. A record that cannot be written is logged once and removed; the session
+goes on.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import re
@@ -37,6 +42,11 @@ from ...protocol.session import ExecutionEnded
 
 log = logging.getLogger(__name__)
 PAUSE_MS: Final = 10
+# A runner message that came SLOW_MS or more after the step before (a long execution, an idle
+# timeout's close) is written with a wait of its own for the replay: twice what it took, plus
+# HEADROOM_MS, rather than the replay's few seconds per message, which would cut it short.
+SLOW_MS: Final = 1000
+HEADROOM_MS: Final = 5000
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -58,7 +68,7 @@ class Recorder:
         self.correlation_id = correlation_id
         self.extensions = extensions  # the protocol extensions the session turned on, for its replay
         self.started = time.time()
-        self.path: Path | None = None  # named by the first step (the first execute's id)
+        self.path: Path | None = None  # named by the first step (the first execute's id); whole once it ends
         self.executions: list[dict[str, Any]] = []
         self._pending: list[str] = []  # JSON lines not yet on disk, oldest first
         self._steps = 0
@@ -97,14 +107,19 @@ class Recorder:
             name = f"e{self._execution}c{len(self._calls) + 1}"
             self._calls[message["callId"]] = name
             message["callId"] = f"<bind:{name}>"
-        self._step({"runner": message})
+        self._step({"runner": message, **self._wait()})
         self._last = time.monotonic()
 
     def host_close(self) -> None:
         self._step({"host_close": True})
 
     def runner_close(self, code: int) -> None:
-        self._step({"runner_close": {"code": code}})
+        self._step({"runner_close": {"code": code}, **self._wait()})
+
+    def _wait(self) -> dict[str, int]:
+        """The ``timeout_ms`` of a runner step that was slow to come (see ``SLOW_MS``), else none."""
+        waited = round((time.monotonic() - self._last) * 1000)
+        return {"timeout_ms": 2 * waited + HEADROOM_MS} if waited >= SLOW_MS else {}
 
     def execution_ended(self, record: ExecutionEnded) -> None:
         self.executions.append(
@@ -160,6 +175,7 @@ class Recorder:
                     await trio.to_thread.run_sync(self._append, lines)
             if self._closing and self.path is not None and not self._failed:
                 self._closing = False  # written once
+                await trio.to_thread.run_sync(self._complete)
                 summary = {
                     "transcript": self.path.name,
                     "peer": self.peer,
@@ -174,23 +190,43 @@ class Recorder:
             self._writing = False
 
     def _append(self, lines: list[str]) -> None:
-        assert self.path is not None
         try:
-            with self.path.open("a") as transcript:
+            with _partial(self._named()).open("a") as transcript:
                 transcript.writelines(line + "\n" for line in lines)
         except OSError as exc:
             self._fail(exc)
 
+    def _complete(self) -> None:
+        """The session ended: its transcript takes its ``.jsonl`` name, whole."""
+        try:
+            _partial(self._named()).replace(self._named())
+        except OSError as exc:
+            self._fail(exc)
+
+    def _named(self) -> Path:
+        assert self.path is not None  # named by the first step, before anything is written
+        return self.path
+
     def _save(self, path: Path, text: str) -> None:
         """Write ``path`` whole or not at all (written aside, then renamed): a reader that sees the
         summary sees all of it."""
-        partial = path.with_name(path.name + ".partial")
         try:
-            partial.write_text(text + "\n")
-            partial.replace(path)
+            _partial(path).write_text(text + "\n")
+            _partial(path).replace(path)
         except OSError as exc:
             self._fail(exc)
 
     def _fail(self, exc: OSError) -> None:
+        """Log once and remove what was written: a half record would only mislead (and a full disk
+        gets its space back)."""
         self._failed = True
         log.error("could not write the session record %s: %s; the session goes on unrecorded", self.path, exc)
+        if self.path is not None:
+            for path in (self.path, self.path.with_suffix(".summary.json")):
+                with contextlib.suppress(OSError):
+                    _partial(path).unlink(missing_ok=True)
+
+
+def _partial(path: Path) -> Path:
+    """Where ``path`` is written until it is whole."""
+    return path.with_name(path.name + ".partial")
