@@ -59,7 +59,10 @@ examples:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command they were given to, as its other usage errors are
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         status = _run(args, argv)
         sys.stdout.flush()  # what is still buffered: a full disk or a closed pipe shows here
@@ -72,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return EXIT_FAILURE
     return status
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of ``command``, one of ``parser``'s commands."""
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    chosen: argparse.ArgumentParser = commands.choices[command]
+    return chosen
 
 
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:

@@ -162,7 +162,7 @@ def test_code_that_is_not_utf8_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["--timeout-ms", "soon"], "must be a number of milliseconds > 0"),
         (["--timeout-ms", "nan"], "must be a number of milliseconds > 0"),
         (["--timeout-ms", "1e300"], "and <= 9007199254740991"),
-        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--no-such-flag"], "execbox-runner exec: error: unrecognized arguments: --no-such-flag (see --help)"),
         (["--url", "http://127.0.0.1:1/"], "not a ws:// or wss:// URL"),
     ],
 )

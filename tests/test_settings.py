@@ -108,7 +108,7 @@ MISCONFIGURATIONS = [
     (["--record-dir", "/etc/hostname"], "exists and is not a directory"),
     (["--record-dir", "/sys/kernel"], "cannot use --record-dir /sys/kernel: "),  # a directory no one may write
     (["--warm-workers", "5", "--max-workers", "2"], "--warm-workers 5 exceeds --max-workers 2"),
-    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--no-such-flag"], "execbox-runner serve: error: unrecognized arguments: --no-such-flag (see --help)"),
     (["--port"], "expected one argument"),
 ]
 
