@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 
-from ..exposure import UNSENDABLE, read_tokens, sendable
+from ..exposure import read_tokens
 from .machine import usable_cores
 from .tenants import read_tenants
 
@@ -215,8 +215,11 @@ def convert(name: str, kind: type, value: object) -> object:
         raise ValueError(f"must be {wanted}")
     if name in REQUIRED and not value.strip():
         raise ValueError("must not be empty")
-    if name in TOKEN_LISTS and not all(sendable(token.strip()) for token in value.split(",") if token.strip()):
-        raise ValueError(f"holds a token no client could send ({UNSENDABLE})")
+    if name in TOKEN_LISTS:
+        try:
+            read_tokens(value, "")  # the rule the daemon reads them by
+        except ValueError as exc:
+            raise ValueError(f"holds a token no client could send ({exc})") from None
     return value
 
 
