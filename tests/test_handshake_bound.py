@@ -37,6 +37,9 @@ class Accepted:
     def lost(self, reason: str | None) -> None:
         raise AssertionError("not served")
 
+    def stalled(self) -> None:
+        raise AssertionError("not served")
+
 
 def test_a_connection_whose_bytes_arrived_is_not_shed_a_silent_one_is(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)

@@ -186,6 +186,22 @@ def test_a_peer_that_resets_its_connection_is_an_info_line() -> None:
         assert_no_error_logged(d)
 
 
+# ------------------------------------------------------------------ a peer that stopped reading
+
+
+def test_a_peer_that_stopped_reading_is_dropped_with_a_warning_naming_its_session() -> None:
+    with running_daemon("--send-timeout", "1") as d:
+        with stuck_peer(d, "stuck"):
+            lines = d.json_lines(until=lambda lines: any("read nothing" in line["message"] for line in lines))
+            with client(d.url) as ws:  # the daemon goes on serving others
+                assert run_to_done(ws, "after", "2")["result"] == 2
+        [dropped] = [line for line in lines if "read nothing" in line["message"]]
+        assert dropped["level"] == "warning"
+        assert dropped["message"].startswith("dropping the connection from 127.0.0.1:")
+        stuck = {line["correlation_id"] for line in lines if line.get("execution_id") == "stuck"}
+        assert stuck == {dropped["correlation_id"]}
+
+
 # ------------------------------------------------------------------ drain with a peer that stopped reading
 
 

@@ -27,6 +27,7 @@ class Recorder:
         self.data = bytearray()
         self.peer_ended = False
         self.losses: list[str | None] = []
+        self.stalls = 0
 
     def received(self, data: bytes) -> None:
         self.data += data
@@ -36,6 +37,10 @@ class Recorder:
 
     def lost(self, reason: str | None) -> None:
         self.losses.append(reason)
+
+    def stalled(self) -> None:
+        assert not self.losses, "told of the stall after the loss"
+        self.stalls += 1
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -110,7 +115,7 @@ async def test_a_peer_that_stops_reading_is_dropped_after_the_send_timeout() -> 
     async with served(send_timeout=0.2) as (transport, recorder, _peer):
         transport.write(b"x" * 10_000_000)
         await until(lambda: recorder.losses)
-        assert recorder.losses == [None] and not transport.open
+        assert recorder.stalls == 1 and recorder.losses == [None] and not transport.open
 
 
 async def test_a_close_waits_for_what_is_left_then_the_peer_sees_the_end() -> None:

@@ -87,6 +87,9 @@ class Session:
     def lost(self, reason: str | None) -> None:
         pass
 
+    def stalled(self) -> None:
+        pass
+
 
 def _session(reactor: Reactor, sock: socket.socket, _peer: str) -> None:
     Session(reactor, sock)  # the reactor holds it from here

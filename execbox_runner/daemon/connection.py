@@ -177,6 +177,15 @@ class Connection:
             )
         self._guarded(self._end)
 
+    def stalled(self) -> None:
+        """The peer read nothing of what was written to it for ``--send-timeout`` seconds: it is dropped."""
+        log.warning(
+            "dropping the connection from %s: it read nothing for %g s",
+            self.peer,
+            self.settings.send_timeout,
+            extra={"correlation_id": self.correlation_id} if self._counted else None,
+        )
+
     def worker_message(self, lease: Lease, message: ipc.ToolCalls | ipc.Finished) -> None:
         """The worker's message for this connection's execution (from the pool's relay)."""
         self._guarded(self._worker_message, lease, message)

@@ -15,15 +15,12 @@ before the connection sees any data, and a close sends TLS's close_notify.
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import ssl
 from typing import Final, Protocol
 
 from .reactor import READ, WRITE, Reactor, Timer
-
-log = logging.getLogger(__name__)
 
 RECEIVE_BYTES: Final = 65536
 
@@ -39,6 +36,9 @@ class Receiver(Protocol):
 
     def lost(self, reason: str | None) -> None:
         """The connection is gone: broken (``reason`` says how), or dropped by us (None)."""
+
+    def stalled(self) -> None:
+        """The peer took nothing written to it for the send timeout: it is being dropped (``lost(None)`` follows)."""
 
 
 class Transport:
@@ -176,7 +176,7 @@ class Transport:
 
     def _stopped_reading(self) -> None:
         self._timer = None
-        log.warning("dropping a peer that stopped reading")
+        self._receiver.stalled()
         self.abort()
         self._receiver.lost(None)
 
