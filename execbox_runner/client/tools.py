@@ -6,7 +6,7 @@ parameters, typed by its annotations: ``def fetch_page(url: str, limit: int = 10
 is called from guest code as ``await web.fetch_page({url, limit})``. msgspec
 derives the JSON Schema from the annotations and checks the input against the
 same types, so what the model reads in ``types`` and what the host enforces
-cannot drift apart. A tool given an explicit ``input_schema`` (for example one
+cannot drift apart; hints naming pydantic models go to pydantic (``pydantic_types``). A tool given an explicit ``input_schema`` (for example one
 forwarded from an MCP server) instead receives the input value as its one
 argument, checked with ``jsonschema``.
 """
@@ -17,9 +17,11 @@ import inspect
 import json
 import logging
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from types import ModuleType
+from typing import Any, Final, Protocol, TypeAlias
 
 import anyio.to_thread
 import jsonschema
@@ -93,13 +95,13 @@ class BoundTool:
         self.output_schema = tool.output_schema or _schema_of(signature.return_annotation)
         self._output_validator = _validator(tool.output_schema, name) if tool.output_schema is not None else None
         self._input_validator: jsonschema.protocols.Validator | None = None
-        self._parameters: type[msgspec.Struct] | None = None
+        self._parameters: _Parameters | None = None
         if tool.input_schema is not None:
             self.input_schema: JsonSchema = tool.input_schema
             self._input_validator = _validator(tool.input_schema, name)
         else:
-            self._parameters = _parameters_struct(name, signature)
-            self.input_schema = _inline(msgspec.json.schema(self._parameters))
+            self._parameters = _parameters(name, signature)
+            self.input_schema = self._parameters.schema
 
     def declaration(self, safe: str) -> str:
         return declare_function(safe, self.description, self.input_schema, self.output_schema)
@@ -142,17 +144,18 @@ class BoundTool:
             _check(self._input_validator, value, f"Invalid input for tool {self.original_name}")
             return (value,), {}
         try:
-            decoded = msgspec.json.decode(b"{}" if raw_input is UNSET else raw_input, type=self._parameters)
-        except msgspec.ValidationError as exc:
+            return (), self._parameters.arguments(b"{}" if raw_input is UNSET else raw_input)
+        except ValueError as exc:
             raise ToolError("validation_error", f"Invalid input for tool {self.original_name}: {exc}") from None
-        fields = {name: getattr(decoded, name) for name in self._parameters.__struct_fields__}
-        return (), {name: value for name, value in fields.items() if value is not UNSET}
 
     def _encode(self, value: Any) -> bytes:
         """JSON for the guest: plain data plus what msgspec converts (Structs, dataclasses, tuples,
         sets, enums, datetimes); NaN, infinities, cycles and other objects are refused."""
         try:
-            data = msgspec.to_builtins(value, str_keys=True)
+            pydantic = _pydantic()
+            data = msgspec.to_builtins(
+                value, str_keys=True, enc_hook=None if pydantic is None else pydantic.to_builtins
+            )
             text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError, RecursionError) as exc:
             raise ToolError(
@@ -243,29 +246,64 @@ def _signature(name: str, func: Callable[..., Any]) -> inspect.Signature:
         raise type(exc)(f"tool {name!r}: {exc}; give a Python function") from None
 
 
-def _parameters_struct(name: str, signature: inspect.Signature) -> type[msgspec.Struct]:
-    """A Struct with one field per parameter; a field the guest leaves out is UNSET, so the callable's
-    own default applies (and is never shared between calls)."""
-    fields: list[tuple[str, Any, Any]] = []
+class _Parameters(Protocol):
+    """A tool's parameters as the properties of one input object."""
+
+    schema: JsonSchema
+
+    def arguments(self, raw: msgspec.Raw | bytes) -> dict[str, Any]:
+        """The keyword arguments for the JSON input ``raw`` (only the properties given, so the
+        function's own defaults apply, never shared between calls); ``ValueError`` saying what
+        does not fit where."""
+        ...
+
+
+class _StructParameters:
+    """Parameters described and checked by msgspec: a Struct with one field per parameter, UNSET
+    where the guest leaves one out."""
+
+    def __init__(self, name: str, fields: dict[str, tuple[Any, bool]]) -> None:
+        """Raises ``TypeError`` for a hint msgspec cannot express."""
+        specs = [
+            (field, hint, msgspec.NODEFAULT) if required else (field, hint | UnsetType, UNSET)
+            for field, (hint, required) in fields.items()
+        ]
+        self._struct = msgspec.defstruct(f"{safe_name(name)}_input", specs, kw_only=True, forbid_unknown_fields=True)
+        self.schema = _inline(msgspec.json.schema(self._struct))
+
+    def arguments(self, raw: msgspec.Raw | bytes) -> dict[str, Any]:
+        try:
+            decoded = msgspec.json.decode(raw, type=self._struct)
+        except msgspec.ValidationError as exc:
+            raise ValueError(str(exc)) from None
+        values = {field: getattr(decoded, field) for field in self._struct.__struct_fields__}
+        return {field: value for field, value in values.items() if value is not UNSET}
+
+
+def _parameters(name: str, signature: inspect.Signature) -> _Parameters:
+    """``signature``'s parameters, by msgspec, or by pydantic for hints naming its models."""
+    fields: dict[str, tuple[Any, bool]] = {}
     for parameter in signature.parameters.values():
         if parameter.kind not in _PARAMETER_KINDS:
             raise TypeError(
                 f"tool {name!r}: parameter {parameter.name!r} is {parameter.kind.description}; tools take named "
                 "parameters (the properties of the guest's input object), or give Tool(func, input_schema=...)"
             )
-        annotation = Any if parameter.annotation is inspect.Parameter.empty else parameter.annotation
-        if parameter.default is inspect.Parameter.empty:
-            fields.append((parameter.name, annotation, msgspec.NODEFAULT))
-        else:
-            fields.append((parameter.name, annotation | UnsetType, UNSET))
-    struct = msgspec.defstruct(f"{safe_name(name)}_input", fields, kw_only=True, forbid_unknown_fields=True)
+        hint = Any if parameter.annotation is inspect.Parameter.empty else parameter.annotation
+        fields[parameter.name] = (hint, parameter.default is inspect.Parameter.empty)
     try:
-        msgspec.json.schema(struct)
+        return _StructParameters(name, fields)
     except TypeError as exc:
-        raise TypeError(
-            f"tool {name!r}: {exc}; annotate it with JSON types or give Tool(..., input_schema=...)"
-        ) from None
-    return struct
+        failure = exc
+    if (pydantic := _pydantic()) is not None:
+        try:
+            described: _Parameters = pydantic.Parameters(safe_name(name), fields)
+            return described
+        except TypeError:
+            pass  # msgspec's reason is the one to give
+    raise TypeError(
+        f"tool {name!r}: {failure}; annotate it with JSON types or pydantic models, or give Tool(..., input_schema=...)"
+    ) from None
 
 
 def _schema_of(annotation: Any) -> JsonSchema | None:
@@ -275,7 +313,17 @@ def _schema_of(annotation: Any) -> JsonSchema | None:
     try:
         return _inline(msgspec.json.schema(annotation))
     except (TypeError, ValueError):
+        pydantic = _pydantic()
+        return None if pydantic is None else pydantic.schema_of(annotation)
+
+
+def _pydantic() -> ModuleType | None:
+    """``pydantic_types`` where the application has imported pydantic 2 (and so may hold its models)."""
+    if not hasattr(sys.modules.get("pydantic"), "TypeAdapter"):  # none, or pydantic 1
         return None
+    from . import pydantic_types  # noqa: PLC0415 - an optional dependency, loaded only once the application has
+
+    return pydantic_types
 
 
 def _inline(schema: dict[str, Any]) -> JsonSchema:
