@@ -31,6 +31,8 @@ export {
   defineProvider,
   toSafeName,
   type ProviderDefinition,
+  type StandardResult,
+  type StandardSchema,
   type ToolDefinition,
 } from "./provider.js";
 export {

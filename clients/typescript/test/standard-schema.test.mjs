@@ -1,0 +1,88 @@
+// Tools whose schemas are Standard Schemas (zod here): rendered into types, and validated, against a real daemon.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { z } from "zod";
+
+import { defineProvider, RunnerExecutor } from "../dist/index.js";
+import { startDaemon } from "./helpers/daemon.mjs";
+
+let daemon;
+let executor;
+
+before(async () => {
+  daemon = await startDaemon();
+  executor = new RunnerExecutor({ url: daemon.url });
+});
+
+after(async () => {
+  await executor?.dispose();
+  await daemon?.stop();
+});
+
+const User = z.object({
+  name: z.string().describe("The user's full name."),
+  age: z.number().int().min(0),
+  tags: z.array(z.string()).default([]),
+});
+
+function users(received, approvals = []) {
+  return defineProvider({
+    name: "users",
+    tools: {
+      create: {
+        description: "Create a user.",
+        inputSchema: z.object({ user: User, notify: z.boolean().optional() }),
+        outputSchema: z.object({ id: z.number(), name: z.string() }),
+        approve: (input) => {
+          approvals.push(input);
+          return true;
+        },
+        execute: (input) => {
+          received.push(input);
+          return { id: 7, name: input.user.name.toUpperCase() };
+        },
+      },
+      broken: {
+        outputSchema: z.object({ id: z.number() }),
+        execute: () => ({ id: "seven" }),
+      },
+    },
+  });
+}
+
+describe("Standard Schema tools", () => {
+  test("the schemas are rendered into the provider's types", () => {
+    const { types, tools } = users([]);
+    assert.match(types, /function create\(input: \{ user: \{ name: string; age: number; tags\?: Array<string>; \}; notify\?: boolean; \}\): Promise<\{ id: number; name: string; \}>;/);
+    assert.equal(tools.create.inputSchema.$schema, undefined);
+    assert.equal(tools.create.inputSchema.properties.user.properties.name.description, "The user's full name.");
+  });
+
+  test("input the schema refuses rejects the guest's call and never runs the tool; good input runs it parsed", async () => {
+    const received = [];
+    const approvals = [];
+    const code = `
+      const made = await users.create({user: {name: "ada", age: 36}});
+      const errors = [];
+      for (const input of [{user: {name: "b", age: -1}}, {user: {name: "b", age: 1, tags: [1]}}, {}]) {
+        try { await users.create(input); errors.push("no error"); } catch (e) { errors.push(e.code + ": " + e.message); }
+      }
+      const broken = await users.broken().catch((e) => e.code + ": " + e.message);
+      ({made, errors, broken})`;
+    const result = await executor.execute(code, [users(received, approvals)]);
+    assert.equal(result.ok, true, JSON.stringify(result.error));
+    assert.deepEqual(result.result, {
+      made: { id: 7, name: "ADA" },
+      errors: [
+        "validation_error: Invalid input for tool create: Too small: expected number to be >=0 - at $.user.age",
+        "validation_error: Invalid input for tool create: Invalid input: expected string, received number - at $.user.tags[0]",
+        "validation_error: Invalid input for tool create: Invalid input: expected object, received undefined - at $.user",
+      ],
+      broken: "validation_error: Invalid output for tool broken: Invalid input: expected number, received string - at $.id",
+    });
+    const parsed = { user: { name: "ada", age: 36, tags: [] } }; // the schema's default applied
+    assert.deepEqual(received, [parsed]);
+    assert.deepEqual(approvals, [parsed]); // approval is asked of checked input only
+  });
+});
