@@ -31,10 +31,9 @@ export {
   defineProvider,
   toSafeName,
   type ProviderDefinition,
-  type StandardResult,
-  type StandardSchema,
   type ToolDefinition,
 } from "./provider.js";
+export { type Schema, type StandardResult, type StandardSchema } from "./schemas.js";
 export {
   DEFAULT_RUNTIME_OPTIONS,
   ExecuteFailure,

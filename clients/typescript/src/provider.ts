@@ -4,33 +4,7 @@ import {
   type ResolvedToolProvider,
   type ToolExecutionContext,
 } from "./types.js";
-
-/**
- * A schema of any library that implements Standard Schema (https://standardschema.dev): zod 4,
- * valibot, ArkType, ... Its `jsonSchema` (Standard JSON Schema, zod 4.2 and later among them)
- * gives the JSON Schema rendered into `types`.
- */
-export interface StandardSchema {
-  readonly "~standard": {
-    readonly version: 1;
-    readonly vendor: string;
-    readonly validate: (value: unknown) => StandardResult | Promise<StandardResult>;
-    readonly jsonSchema?: {
-      readonly input: (options: { target: string }) => Record<string, unknown>;
-      readonly output: (options: { target: string }) => Record<string, unknown>;
-    };
-  };
-}
-
-/** What a {@link StandardSchema} says of a value: the value it gives, or what is wrong where. */
-export type StandardResult =
-  | { readonly value: unknown; readonly issues?: undefined }
-  | {
-      readonly issues: ReadonlyArray<{
-        readonly message: string;
-        readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }>;
-      }>;
-    };
+import { jsonSchemaOf, type Schema, validated } from "./schemas.js";
 
 /** One tool for {@link defineProvider}: a function, or a function with metadata. */
 export type ToolDefinition =
@@ -39,13 +13,14 @@ export type ToolDefinition =
       description?: string;
       /**
        * The input's schema: a JSON Schema, rendered into the provider's `types` and not validated
-       * here; or a {@link StandardSchema} (a zod schema, say), rendered and also validated: input
-       * it refuses rejects the guest's call with `validation_error`, and `execute` gets the value
-       * it gives (its defaults and transforms applied).
+       * here; or a Standard Schema (a zod schema, say) or an object of them (an MCP-style
+       * shape: `{ city: z.string() }`), rendered and also validated: input it refuses rejects the
+       * guest's call with `validation_error`, and `execute` gets the value it gives (its defaults
+       * and transforms applied).
        */
-      inputSchema?: Record<string, unknown> | StandardSchema;
+      inputSchema?: Schema;
       /** The result's schema, as `inputSchema`: a Standard Schema also checks every result. */
-      outputSchema?: Record<string, unknown> | StandardSchema;
+      outputSchema?: Schema;
       execute: (input: any, context: ToolExecutionContext) => unknown;
       /**
        * Each call runs only once this approves it: `true` approves; `false` or a reason (a
@@ -163,64 +138,6 @@ function renderTypes(name: string, tools: ResolvedToolDescriptor[]): string {
   }
   lines.push("}");
   return lines.join("\n");
-}
-
-function isStandard(schema: Record<string, unknown> | StandardSchema): schema is StandardSchema {
-  const standard = (schema as Partial<StandardSchema>)["~standard"];
-  return typeof standard === "object" && standard !== null && typeof standard.validate === "function";
-}
-
-/** A schema's JSON Schema for `types` (none from a Standard Schema without Standard JSON Schema). */
-function jsonSchemaOf(
-  schema: Record<string, unknown> | StandardSchema | undefined,
-  side: "input" | "output",
-): Record<string, unknown> | undefined {
-  if (schema === undefined || !isStandard(schema)) {
-    return schema;
-  }
-  const render = schema["~standard"].jsonSchema?.[side];
-  if (render === undefined) {
-    return undefined;
-  }
-  const { $schema: _dialect, ...rest } = render({ target: "draft-2020-12" });
-  return rest;
-}
-
-/** The value a Standard Schema gives for `value`, or a `validation_error` naming what is wrong where. */
-async function checked(schema: StandardSchema, value: unknown, what: string): Promise<unknown> {
-  const result = await schema["~standard"].validate(value);
-  if (result.issues === undefined) {
-    return result.value;
-  }
-  const [issue] = result.issues;
-  const path = (issue?.path ?? [])
-    .map((part) => (typeof part === "object" ? part.key : part))
-    .map((key) => (typeof key === "number" ? `[${key}]` : `.${String(key)}`))
-    .join("");
-  const where = path === "" ? "" : ` - at $${path}`;
-  throw new ExecuteFailure("validation_error", `${what}: ${issue?.message ?? "refused"}${where}`);
-}
-
-/** `run` with its input and result checked by the Standard Schemas among them (see `ToolDefinition`). */
-function validated(
-  name: string,
-  run: (input: any, context: ToolExecutionContext) => unknown,
-  input: Record<string, unknown> | StandardSchema | undefined,
-  output: Record<string, unknown> | StandardSchema | undefined,
-): (input: any, context: ToolExecutionContext) => unknown {
-  const inputCheck = input !== undefined && isStandard(input) ? input : undefined;
-  const outputCheck = output !== undefined && isStandard(output) ? output : undefined;
-  if (inputCheck === undefined && outputCheck === undefined) {
-    return run;
-  }
-  return async (value, context) => {
-    const given = inputCheck === undefined ? value : await checked(inputCheck, value, `Invalid input for tool ${name}`);
-    const result = await run(given, context);
-    if (outputCheck === undefined) {
-      return result;
-    }
-    return await checked(outputCheck, result, `Invalid output for tool ${name}`);
-  };
 }
 
 /** `run`, behind `approve` when there is one (see `ToolDefinition`). */

@@ -85,4 +85,39 @@ describe("Standard Schema tools", () => {
     assert.deepEqual(received, [parsed]);
     assert.deepEqual(approvals, [parsed]); // approval is asked of checked input only
   });
+
+  test("an object of schemas (an MCP-style shape) is one object's schema, unknown properties dropped", async () => {
+    const received = [];
+    const weather = defineProvider({
+      name: "weather",
+      tools: {
+        forecast: {
+          inputSchema: { city: z.string(), days: z.number().int().min(1).default(3), units: z.enum(["c", "f"]).optional() },
+          execute: (input) => {
+            received.push(input);
+            return `${input.city}: ${input.days} days`;
+          },
+        },
+      },
+    });
+    assert.match(weather.types, /function forecast\(input: \{ city: string; days\?: number; units\?: "c" \| "f"; \}\): Promise<unknown>;/);
+    const code = `
+      const ok = await weather.forecast({city: "Oslo", extra: 1});
+      const errors = [];
+      for (const input of [{days: 2}, {city: "Oslo", days: 0}, [1]]) {
+        try { await weather.forecast(input); errors.push("no error"); } catch (e) { errors.push(e.code + ": " + e.message); }
+      }
+      ({ok, errors})`;
+    const result = await executor.execute(code, [weather]);
+    assert.equal(result.ok, true, JSON.stringify(result.error));
+    assert.deepEqual(result.result, {
+      ok: "Oslo: 3 days",
+      errors: [
+        "validation_error: Invalid input for tool forecast: Invalid input: expected string, received undefined - at $.city",
+        "validation_error: Invalid input for tool forecast: Too small: expected number to be >=1 - at $.days",
+        "validation_error: Invalid input for tool forecast: Invalid input: expected object",
+      ],
+    });
+    assert.deepEqual(received, [{ city: "Oslo", days: 3 }]);
+  });
 });
