@@ -36,6 +36,9 @@ BUILTIN_TRANSCRIPTS: Final = (
 )
 
 JSON: TypeAlias = Any
+# The transcript format this kit reads: a header's "format" (1 where it has none). A later kit that
+# changes what steps mean raises it, and this one refuses such transcripts rather than misread them.
+FORMAT: Final = 1
 
 STEP_KINDS: Final = frozenset(
     {"host", "host_raw", "host_binary", "runner", "runner_close", "runner_silent_ms", "sleep_ms", "host_close"}
@@ -116,6 +119,13 @@ def _parse(path: Path) -> Transcript:
     description = header.get("description", "")
     if not isinstance(description, str):
         raise TranscriptError("the header's description must be a string")
+    written = header.get("format", FORMAT)
+    if not isinstance(written, int) or isinstance(written, bool) or written < 1:
+        raise TranscriptError("the header's format must be a positive integer")
+    if written > FORMAT:
+        raise TranscriptError(
+            f"it is in transcript format {written}, newer than {FORMAT}: upgrade execbox-runner to read it"
+        )
     extensions = header.get("extensions", [])
     if not isinstance(extensions, list) or not all(isinstance(e, str) and e for e in extensions):
         raise TranscriptError("the header's extensions must be a list of extension names")

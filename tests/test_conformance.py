@@ -650,3 +650,18 @@ def test_an_extensions_header_must_name_extensions(tmp_path: Path) -> None:
     bad.write_text('{"transcript": "bad", "extensions": "live-logs"}\n{"sleep_ms": 1}\n')
     with pytest.raises(TranscriptError, match="extensions must be a list"):
         load_transcript(bad)
+
+
+def test_a_transcript_in_a_later_format_is_refused_not_misread(tmp_path: Path) -> None:
+    later = tmp_path / "later.jsonl"
+    later.write_text('{"transcript": "later", "format": 2}\n{"sleep_ms": 1}\n')
+    with pytest.raises(
+        TranscriptError, match=r"in transcript format 2, newer than 1: upgrade execbox-runner to read it$"
+    ):
+        load_transcript(later)
+    for bad in ('"1"', "0", "true", "1.5"):
+        later.write_text(f'{{"transcript": "later", "format": {bad}}}\n{{"sleep_ms": 1}}\n')
+        with pytest.raises(TranscriptError, match="format must be a positive integer"):
+            load_transcript(later)
+    later.write_text('{"transcript": "now", "format": 1}\n{"sleep_ms": 1}\n')
+    assert load_transcript(later).name == "now"

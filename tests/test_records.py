@@ -58,7 +58,8 @@ def test_a_long_recorded_session_streams_to_disk_in_bounded_memory(tmp_path: Pat
     summary = json.loads(transcripts[0].with_suffix(".summary.json").read_text())
     assert [execution["id"] for execution in summary["executions"]] == [f"big-{i}" for i in range(EXECUTIONS)]
     lines = transcripts[0].read_text().splitlines()
-    assert json.loads(lines[0])["transcript"] == transcripts[0].stem
+    header = json.loads(lines[0])
+    assert header["transcript"] == transcripts[0].stem and header["format"] == 1  # the kit's FORMAT
     assert sum('"type": "tool_result"' in line for line in lines) == EXECUTIONS
 
 

@@ -41,6 +41,9 @@ import trio
 from ...protocol.session import ExecutionEnded
 
 log = logging.getLogger(__name__)
+# The transcript format records are written in (the kit's ``FORMAT``): in each header, so that a
+# kit reading an older format, or a later one, knows it is not its own.
+FORMAT: Final = 1
 PAUSE_MS: Final = 10
 # A runner message that came SLOW_MS or more after the step before (a long execution, an idle
 # timeout's close) is written with a wait of its own for the replay: twice what it took, plus
@@ -147,6 +150,7 @@ class Recorder:
             self.path = self.directory / f"{name}.jsonl"
             header = {
                 "transcript": name,
+                "format": FORMAT,
                 "description": f"recorded session from {self.peer} at {stamp}",
                 "correlation_id": self.correlation_id,
                 **({"extensions": list(self.extensions)} if self.extensions else {}),
