@@ -46,7 +46,7 @@ def zygote_cpu_s(pid: int) -> float:
 
 
 def report(control: socket.socket) -> tuple[bytes, int, int]:
-    kind, pid, status = ipc.ZYGOTE_REPORT.unpack(control.recv(ipc.ZYGOTE_REPORT.size, socket.MSG_WAITALL))
+    kind, pid, status, _cpu_us = ipc.ZYGOTE_REPORT.unpack(control.recv(ipc.ZYGOTE_REPORT.size, socket.MSG_WAITALL))
     return kind, pid, status
 
 

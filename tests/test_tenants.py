@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import textwrap
 import threading
 import time
@@ -193,20 +195,48 @@ RARE_CPU_LOOKS = textwrap.dedent(
 )
 
 
+def tenant_cpu_seconds(daemon: Daemon) -> float:
+    """``execbox_tenant_cpu_seconds_total`` of the one tenant, ``token-0``, that has spent any."""
+    host, port = daemon.url.removeprefix("ws://").rstrip("/").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/metrics")
+    text = connection.getresponse().read().decode()
+    connection.close()
+    (sample,) = [line for line in text.splitlines() if line.startswith("execbox_tenant_cpu_seconds_total{")]
+    assert sample.startswith('execbox_tenant_cpu_seconds_total{tenant="token-0"} ')
+    return float(sample.split()[-1])
+
+
+SPIN_200_MS = "const end = Date.now() + 200; while (Date.now() < end) {}"
+
+
 def test_a_worker_stopped_after_its_execution_has_its_cpu_counted(tmp_path: Path) -> None:
     """In ``hardened`` each execution's worker stops as it ends, within the second between the
-    daemon's looks at the tenants' workers: it is looked at as it stops, so its guest's CPU counts
-    for the tenant (its metric, its CPU quota) rather than vanishing with the process."""
+    daemon's looks at the tenants' workers: what it spent is counted as it exits, so its guest's CPU
+    counts for the tenant (its metric, its CPU quota) rather than vanishing with the process."""
     flag = "EXECBOX_TEST_RARE_CPU_LOOKS"
     with running_daemon_with_site(tmp_path, RARE_CPU_LOOKS, flag, "--profile", "hardened", "--tokens", "t") as d:
         with client(d.url, additional_headers={"Authorization": "Bearer t"}) as ws:
             for index in range(3):
-                done = run_to_done(ws, f"spin-{index}", "const end = Date.now() + 200; while (Date.now() < end) {}")
+                done = run_to_done(ws, f"spin-{index}", SPIN_200_MS)
                 assert done["ok"], done
-        host, port = d.url.removeprefix("ws://").rstrip("/").split(":")
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
-        connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
-        connection.close()
-    (sample,) = [line for line in text.splitlines() if line.startswith("execbox_tenant_cpu_seconds_total{")]
-    assert sample.startswith('execbox_tenant_cpu_seconds_total{tenant="token-0"} ') and float(sample.split()[-1]) > 0
+        assert tenant_cpu_seconds(d) > 0
+
+
+def test_a_worker_that_dies_has_what_it_spent_counted(tmp_path: Path) -> None:
+    """A worker killed under its tenant's guests (the OOM killer, a crash) has its CPU counted all
+    the same, from what its zygote learned reaping it: a guest cannot spend CPU past the tenant's
+    quota by having its worker die before the daemon's next look."""
+    flag = "EXECBOX_TEST_RARE_CPU_LOOKS"
+    args = ("--warm-workers", "1", "--max-workers", "1", "--tokens", "t")
+    with running_daemon_with_site(tmp_path, RARE_CPU_LOOKS, flag, *args) as d:
+        with client(d.url, additional_headers={"Authorization": "Bearer t"}) as ws:
+            for index in range(3):
+                assert run_to_done(ws, f"spin-{index}", SPIN_200_MS)["ok"]
+            (worker,) = d.workers()
+            ws.send(execute("hang", "await new Promise(() => {})"))
+            assert receive(ws)["type"] == "started"
+            os.kill(worker, signal.SIGKILL)  # a worker of the daemon this test started
+            done = receive(ws)
+            assert (done["type"], done["ok"]) == ("done", False)
+        assert tenant_cpu_seconds(d) >= 0.5  # the three spins' 0.6 s, less the clock's rounding

@@ -161,7 +161,9 @@ async def test_a_zygote_is_renewed_after_its_count_of_forks_and_no_request_or_st
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         statuses = [await zygote.exit_status(pid) for pid in pids]  # each within STATUS_WAIT_S
-        assert [status is not None and os.WTERMSIG(status) for status, _ in statuses] == [signal.SIGKILL] * 8
+        assert [status is not None and os.WTERMSIG(status) for status, _, _ in statuses] == [signal.SIGKILL] * 8
+        # And what each spent, as its zygote or (an orphan) the reaper learned it reaping it: its start's CPU.
+        assert all(cpu is not None and 0 < cpu < 60 for _, _, cpu in statuses), statuses
 
 
 async def test_a_worker_forked_before_the_crash_was_known_takes_no_execution() -> None:

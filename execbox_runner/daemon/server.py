@@ -47,7 +47,6 @@ from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
 from .pool.sharing import Shares
-from .pool.worker import Worker
 from .report import (
     UNSAFE_SETTINGS,
     accepted_tenants,
@@ -473,26 +472,20 @@ class Daemon:
 
     async def _sample_tenant_cpu(self) -> None:
         """Once a second, what each tenant's workers spent since the last look: for the CPU quotas,
-        and ``execbox_tenant_cpu_seconds_total``. A worker the pool stops after its last execution
-        (each one, in ``hardened``) is looked at then, or its CPU since the last look would be lost."""
-        seen: dict[int, float] = {}  # worker PID -> its CPU seconds at the last look
+        and ``execbox_tenant_cpu_seconds_total``. A worker's last stretch, since the last look, is
+        counted as it exits, from what its zygote learned reaping it, however it ended."""
 
-        def look(worker: Worker) -> None:
-            spent = cpu_seconds(worker.pid)
-            if spent is not None and worker.tenant:
-                delta = max(0.0, spent - seen.get(worker.pid, 0.0))
-                seen[worker.pid] = spent
-                self.ledger.add_cpu(worker.tenant, delta, self.reactor.now())
-                if self.state.metrics is not None:
-                    self.state.metrics.tenant_cpu.labels(worker.tenant).inc(delta)
+        def spent(tenant: str, seconds: float) -> None:
+            self.ledger.add_cpu(tenant, seconds, self.reactor.now())
+            if self.state.metrics is not None:
+                self.state.metrics.tenant_cpu.labels(tenant).inc(seconds)
 
-        self.pool.stopping = look
+        self.pool.cpu_spent = spent
         while True:
-            workers = list(self.pool.workers)
-            for worker in workers:
-                look(worker)
-            for gone in seen.keys() - {worker.pid for worker in workers}:
-                del seen[gone]
+            for worker in list(self.pool.workers):
+                total = cpu_seconds(worker.pid)
+                if total is not None:
+                    self.pool.count_cpu(worker, total)
             await trio.sleep(CPU_SAMPLE_INTERVAL_S)
 
     async def _summarize_refusals(self) -> None:

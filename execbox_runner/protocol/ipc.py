@@ -21,9 +21,10 @@ from msgspec import Struct
 from .messages import ErrorCode
 
 HEADER: Final = struct.Struct(">I")
-# What the zygote tells the daemon on its control socket: (kind, worker PID, wait status).
-ZYGOTE_REPORT: Final = struct.Struct(">cII")
-FORKED: Final = b"F"  # the answer to a fork request: the new worker's PID (status 0)
+# What the zygote tells the daemon on its control socket: (kind, worker PID, wait status, and the
+# CPU time the worker spent over its life, in microseconds, as the kernel reported it when reaped).
+ZYGOTE_REPORT: Final = struct.Struct(">cIIQ")
+FORKED: Final = b"F"  # the answer to a fork request: the new worker's PID (status and CPU 0)
 EXITED: Final = b"X"  # a worker the zygote reaped, with its ``waitpid`` status
 CPU_LIMIT: Final = b"C"  # as EXITED, for a worker the kernel killed at its CPU-time limit (RLIMIT_CPU)
 

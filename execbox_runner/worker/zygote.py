@@ -10,7 +10,7 @@ Protocol on the control socket (a Unix socketpair with the daemon): the daemon
 sends one byte carrying the new worker's channel as an SCM_RIGHTS descriptor;
 the zygote forks and answers ``FORKED`` with the child's PID
 (``ipc.ZYGOTE_REPORT``). The zygote reaps its children (so their CPU time is
-accounted to it) and reports each one's wait status (``EXITED``): only the
+accounted to it) and reports each one's wait status and CPU time (``EXITED``): only the
 parent can learn it, and it is how the daemon tells a crash (SIGSEGV, the
 OOM killer's SIGKILL) from a worker it stopped itself. A worker's CPU-time
 backstop (RLIMIT_CPU, soft and hard alike) kills it with SIGKILL too: the
@@ -88,7 +88,7 @@ def serve(control: socket.socket, args: argparse.Namespace) -> None:
             os._exit(loop.run(channel, args, runtime, mapped))
         os.close(channel)
         try:
-            control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.FORKED, pid, 0))
+            control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.FORKED, pid, 0, 0))
         except OSError:
             return
 
@@ -103,13 +103,15 @@ def _report_exits(control: socket.socket, cpu_limit_s: float | None) -> None:
             return
         if pid == 0:
             return
+        spent_s = usage.ru_utime + usage.ru_stime
         at_limit = (
             cpu_limit_s is not None
             and os.WIFSIGNALED(status)
             and os.WTERMSIG(status) == signal.SIGKILL
-            and usage.ru_utime + usage.ru_stime >= cpu_limit_s
+            and spent_s >= cpu_limit_s
         )
-        control.sendall(ipc.ZYGOTE_REPORT.pack(ipc.CPU_LIMIT if at_limit else ipc.EXITED, pid, status))
+        kind = ipc.CPU_LIMIT if at_limit else ipc.EXITED
+        control.sendall(ipc.ZYGOTE_REPORT.pack(kind, pid, status, round(spent_s * 1e6)))
 
 
 def main(argv: list[str]) -> int:

@@ -122,9 +122,8 @@ class WorkerPool:
         self._wake_spawner = trio.Event()  # while the pool starts: a change, perhaps a spare ready
         self._up = False  # the warm spares were ready once: ``run`` only retires idle workers from then on
         self._nursery: trio.Nursery | None = None
-        # Called with a worker the pool is about to stop after its last execution (retired), while
-        # its process is still there to read: the server takes the CPU it spent since its last look.
-        self.stopping: Callable[[Worker], None] | None = None
+        # Called with a tenant and the CPU seconds its workers spent since last counted (``count_cpu``).
+        self.cpu_spent: Callable[[str, float], None] | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -276,8 +275,10 @@ class WorkerPool:
                 worker.close()
                 self._exited(worker)  # also when the pool stops: the worker is stopped with it
             with trio.CancelScope(shield=True):  # bounded: a pool that stops meanwhile still learns it
-                status, cpu_limit = await self.zygote.exit_status(worker.pid)
+                status, cpu_limit, cpu_seconds = await self.zygote.exit_status(worker.pid)
             worker.cause = exit_cause(status, worker.kill_reason, cpu_limit)
+            if cpu_seconds is not None:
+                self.count_cpu(worker, cpu_seconds)
         finally:
             self._count_exit(worker, held)  # the pool stopped first: ``shutdown``
 
@@ -374,6 +375,16 @@ class WorkerPool:
         self._undefer(worker)
         self._share_out()
         self._changed()
+
+    def count_cpu(self, worker: Worker, total_s: float) -> None:
+        """``worker`` has spent ``total_s`` CPU seconds over its life (read from /proc while it runs, or
+        reported at its exit, crash or not): its tenant's ``cpu_spent`` is what it spent since last counted."""
+        spent = total_s - worker.cpu_counted
+        if spent <= 0:
+            return
+        worker.cpu_counted = total_s
+        if worker.tenant and self.cpu_spent is not None:
+            self.cpu_spent(worker.tenant, spent)
 
     def _count_exit(self, worker: Worker, held: int) -> None:
         """Count the worker's exit by reason and say, in one line, how it ended."""
@@ -525,8 +536,6 @@ class WorkerPool:
                 # Killed once the reactor's pass has written what it sends (the last execution's
                 # ``done`` among it): signalling a process, and its exit, need not come first.
                 worker.alive = False
-                if self.stopping is not None:
-                    self.stopping(worker)
                 self.reactor.later(functools.partial(worker.kill, worker.retiring))
                 self._replace(worker)
         self._serve_waiting()

@@ -7,7 +7,7 @@ going to PID 1, which in a container may be the daemon itself or something
 that never reaps. On every SIGCHLD it reaps what has exited. The processes it
 started with trio are reaped through their ``trio.Process`` (``poll``), which
 keeps their exit status for whoever waits on them; every other child directly,
-its wait status handed to ``on_exit`` (the pool: how an orphaned worker ended).
+its wait status and CPU time handed to ``on_exit`` (the pool: how an orphaned worker ended).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Final, TypeAlias
 import trio
 
 PR_SET_CHILD_SUBREAPER: Final = 36
-OnExit: TypeAlias = Callable[[int, int], None]  # (pid, wait status) of a child reaped directly
+OnExit: TypeAlias = Callable[[int, int, float], None]  # (pid, wait status, CPU seconds) of a child reaped directly
 
 
 def become_subreaper() -> None:
@@ -30,8 +30,8 @@ def become_subreaper() -> None:
 
 
 def reap(owned: Sequence[trio.Process], on_exit: OnExit | None = None) -> None:
-    """Reap every child that has exited, ``owned`` ones through trio; ``on_exit(pid, status)`` for
-    the others. Never blocks."""
+    """Reap every child that has exited, ``owned`` ones through trio; ``on_exit(pid, status, cpu_seconds)``
+    for the others. Never blocks."""
     for process in owned:
         process.poll()
     pids = {process.pid for process in owned}
@@ -42,9 +42,9 @@ def reap(owned: Sequence[trio.Process], on_exit: OnExit | None = None) -> None:
             return  # no children at all
         if exited is None or exited.si_pid in pids:
             return  # none exited; or an owned one exited since its poll: its SIGCHLD is on the way
-        pid, status = os.waitpid(exited.si_pid, os.WNOHANG)
+        pid, status, usage = os.wait4(exited.si_pid, os.WNOHANG)
         if on_exit is not None and pid:
-            on_exit(pid, status)
+            on_exit(pid, status, usage.ru_utime + usage.ru_stime)
 
 
 async def reap_on_exits(owned: Callable[[], Sequence[trio.Process]], on_exit: OnExit | None = None) -> None:

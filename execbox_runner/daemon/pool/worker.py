@@ -131,6 +131,7 @@ class Worker:
         self.channel = channel
         self.max_frame = max_frame
         self.tenant: str | None = None  # a spare until an execution's tenant claims it
+        self.cpu_counted = 0.0  # the CPU seconds of its life already counted to its tenant (``Pool.count_cpu``)
         self.share = 0  # the guests it may run at once, as last sent (0: as many as it has threads)
         self.leases: dict[int, Lease] = {}
         self.started = 0  # executions given to this worker over its life

@@ -108,6 +108,7 @@ class _Exit:
         self.reported = trio.Event()
         self.status: int | None = None
         self.cpu_limit = False  # killed at its CPU-time backstop
+        self.cpu_seconds = 0.0  # what it spent over its life
 
 
 class ZygoteClient:
@@ -200,7 +201,7 @@ class ZygoteClient:
         reports = zygote.reports + chunk
         whole = len(reports) - len(reports) % size
         for offset in range(0, whole, size):
-            kind, pid, status = ipc.ZYGOTE_REPORT.unpack_from(reports, offset)
+            kind, pid, status, cpu_us = ipc.ZYGOTE_REPORT.unpack_from(reports, offset)
             if kind == ipc.FORKED:
                 self._exits[pid] = _Exit(zygote)
                 if zygote.forks:
@@ -208,7 +209,7 @@ class ZygoteClient:
                     request.pid = pid
                     request.answered.set()
             else:
-                self.exited(pid, status, cpu_limit=kind == ipc.CPU_LIMIT)
+                self.exited(pid, status, cpu_us / 1e6, cpu_limit=kind == ipc.CPU_LIMIT)
         zygote.reports = reports[whole:]
 
     def _ended(self, zygote: _Zygote) -> None:
@@ -288,15 +289,16 @@ class ZygoteClient:
             zygote.forks.append(request)
             return request
 
-    def exited(self, pid: int, status: int, *, cpu_limit: bool = False) -> None:
-        """Worker ``pid`` ended with wait ``status`` (``cpu_limit``: at its CPU-time backstop): reported
-        by its zygote, or by the reaper when it outlived its zygote. A crash marks its zygote to be
-        renewed, and its other workers ``exposed``."""
+    def exited(self, pid: int, status: int, cpu_seconds: float, *, cpu_limit: bool = False) -> None:
+        """Worker ``pid`` ended with wait ``status``, having spent ``cpu_seconds`` (``cpu_limit``: at
+        its CPU-time backstop): reported by its zygote, or by the reaper when it outlived its zygote.
+        A crash marks its zygote to be renewed, and its other workers ``exposed``."""
         ended = self._exits.get(pid)
         if ended is None or ended.reported.is_set():
             return
         ended.status = status
         ended.cpu_limit = cpu_limit
+        ended.cpu_seconds = cpu_seconds
         ended.reported.set()
         if crashed(status) and ended.zygote.crashed is None:
             ended.zygote.crashed = f"worker {pid} died of {signal.Signals(os.WTERMSIG(status)).name}"
@@ -309,18 +311,18 @@ class ZygoteClient:
         forked = self._exits.get(pid)
         return forked is not None and forked.zygote.crashed is not None
 
-    async def exit_status(self, pid: int) -> tuple[int | None, bool]:
-        """The wait status of worker ``pid``, which has exited, and whether it was killed at its CPU-time
-        backstop; None if no status is reported within ``STATUS_WAIT_S`` (say, the zygote died between
-        reaping it and reporting it)."""
+    async def exit_status(self, pid: int) -> tuple[int | None, bool, float | None]:
+        """The wait status of worker ``pid``, which has exited, whether it was killed at its CPU-time
+        backstop, and the CPU seconds it spent; None and None if no status is reported within
+        ``STATUS_WAIT_S`` (say, the zygote died between reaping it and reporting it)."""
         ended = self._exits.get(pid)
         if ended is None:
-            return None, False
+            return None, False, None
         if not ended.reported.is_set():
             with trio.move_on_after(STATUS_WAIT_S):
                 await ended.reported.wait()
         del self._exits[pid]
-        return ended.status, ended.cpu_limit
+        return ended.status, ended.cpu_limit, ended.cpu_seconds if ended.reported.is_set() else None
 
     def owned(self) -> list[trio.Process]:
         """The zygotes not yet reaped, for the reaper: reaped through trio, so ``fork`` sees the
