@@ -101,7 +101,11 @@ function isStandard(schema: unknown): schema is StandardSchema {
   return typeof standard === "object" && standard !== null && typeof standard.validate === "function";
 }
 
-/** A schema's JSON Schema for `types` (none from a Standard Schema without Standard JSON Schema). */
+/**
+ * A schema's JSON Schema for `types`: none from a Standard Schema without Standard JSON Schema, or
+ * one its library cannot express as JSON Schema (zod's transforms and dates, say): its type is then
+ * `unknown`, and the schema still validates.
+ */
 export function jsonSchemaOf(
   schema: Schema | undefined,
   side: "input" | "output",
@@ -114,8 +118,12 @@ export function jsonSchemaOf(
   if (render === undefined) {
     return undefined;
   }
-  const { $schema: _dialect, ...rest } = render({ target: "draft-2020-12" });
-  return rest;
+  try {
+    const { $schema: _dialect, ...rest } = render({ target: "draft-2020-12" });
+    return rest;
+  } catch {
+    return undefined;
+  }
 }
 
 /** The value a Standard Schema gives for `value`, or a `validation_error` naming what is wrong where. */

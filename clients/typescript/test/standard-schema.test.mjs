@@ -120,4 +120,24 @@ describe("Standard Schema tools", () => {
     });
     assert.deepEqual(received, [{ city: "Oslo", days: 3 }]);
   });
+
+  test("a schema its library cannot express as JSON Schema is typed unknown and still validates", async () => {
+    const clock = defineProvider({
+      name: "clock",
+      tools: {
+        add: {
+          inputSchema: z.object({ days: z.string().transform(Number) }),
+          outputSchema: z.string().transform((text) => text.trim()), // no JSON Schema for what it gives
+          execute: ({ days }) => ` ${new Date(Date.UTC(2026, 0, 1 + days)).toISOString().slice(0, 10)} `,
+        },
+      },
+    });
+    assert.match(clock.types, /function add\(input: \{ days: string; \}\): Promise<unknown>;/);
+    const result = await executor.execute(
+      "[await clock.add({days: '2'}), await clock.add({days: 2}).catch((e) => e.code)]",
+      [clock],
+    );
+    assert.equal(result.ok, true, JSON.stringify(result.error));
+    assert.deepEqual(result.result, ["2026-01-03", "validation_error"]);
+  });
 });
