@@ -199,6 +199,9 @@
   // ---------------------------------------------------------------- console
   // One line per call: arguments space-joined; strings raw, undefined as
   // "undefined", anything else JSON-stringified, else converted with String().
+  // As execbox's reference runner has it: a value whose JSON is a string (a Date)
+  // is that string, unquoted; an error's JSON gains its name, message and stack
+  // (where it has them and its enumerable properties do not), which JSON leaves out.
   // The spec's truncation applies as lines arrive, so a flood never fills memory:
   // keep the earliest maxLogLines lines, then spend maxLogChars (UTF-16 code
   // units, as JS .length counts) across them, clipping the line that runs out.
@@ -214,6 +217,14 @@
   // The counters are plain elements, not Atomics (whose namespace, once touched, costs
   // every runtime its methods' names): the engine runs one store at a time, in order,
   // and the worker relies on x86-64's store order (logring.py).
+  const errorText = (error, copy) => {
+    for (const key of ["name", "message", "stack"]) {
+      if (copy[key] !== undefined) continue;
+      const value = error[key];
+      if (value !== undefined) defineProperty(copy, key, { __proto__: null, value, writable: true, enumerable: true, configurable: true });
+    }
+    return stringify(copy);
+  };
   const log = (...args) => {
     let line = "";
     for (let i = 0; i < args.length; i++) {
@@ -224,6 +235,8 @@
       else {
         try {
           text = stringify(value);
+          if (typeof text === "string" && charCodeAt(text, 0) === 34) text = parse(text);
+          else if (isError(value) && charCodeAt(text, 0) === 123) text = errorText(value, parse(text));
         } catch {}
         if (typeof text !== "string") {
           try {

@@ -1,0 +1,63 @@
+"""Guest-visible behaviour the spec leaves open, pinned to what execbox's reference runner does
+(``benchmarks/differential.py`` finds the differences), over a real daemon."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .daemonkit import Daemon, client, execute, receive, run_to_done, running_daemon
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon("--warm-workers", "1") as d:
+        yield d
+
+
+def logs_of(daemon: Daemon, code: str) -> list[str]:
+    """The logs of ``code`` run to its ``done``, which must succeed."""
+    with client(daemon.url) as ws:
+        done = run_to_done(ws, "parity", code)
+    assert done["ok"], done
+    logs: list[str] = done["logs"]
+    return logs
+
+
+def test_a_value_whose_json_is_a_string_logs_as_that_string_unquoted(daemon: Daemon) -> None:
+    code = "console.log(new Date(0)); console.log('at', new String('s'), { d: new Date(0) })"
+    assert logs_of(daemon, code) == ["1970-01-01T00:00:00.000Z", 'at s {"d":"1970-01-01T00:00:00.000Z"}']
+
+
+def test_a_logged_error_shows_its_name_message_and_stack_after_its_own_properties(daemon: Daemon) -> None:
+    code = """
+    const coded = new RangeError('too far'); coded.code = 'E_FAR';
+    class Mine extends Error {}
+    console.log(coded); console.log('caught', new Mine('mine')); console.log({ nested: new Error('x') });
+    """
+    first, second, third = logs_of(daemon, code)
+    coded = json.loads(first)
+    assert list(coded) == ["code", "name", "message", "stack"]
+    assert (coded["code"], coded["name"], coded["message"]) == ("E_FAR", "RangeError", "too far")
+    assert "<input>" in coded["stack"]
+    label, mine = second.split(" ", 1)
+    assert (label, json.loads(mine)["message"]) == ("caught", "mine")
+    assert third == '{"nested":{}}'  # as JSON has it: only the logged value itself is an error
+
+
+def test_a_logged_tool_failure_keeps_the_hosts_message(daemon: Daemon) -> None:
+    """Model-written code logs what it caught: the line shows the host's code and message."""
+    code = "try { await tools.echo({}) } catch (e) { console.error(e) }"
+    with client(daemon.url) as ws:
+        ws.send(execute("parity", code))
+        assert receive(ws)["type"] == "started"
+        call = receive(ws)
+        failure = {"code": "validation_error", "message": "city is required"}
+        ws.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": False, "error": failure}))
+        done: dict[str, Any] = receive(ws)
+    assert done["type"] == "done" and done["ok"], done
+    line = json.loads(done["logs"][0])
+    assert (line["code"], line["name"], line["message"]) == ("validation_error", "Error", "city is required")
