@@ -27,6 +27,18 @@ def logs_of(daemon: Daemon, code: str) -> list[str]:
     return logs
 
 
+def run_with_failing_tool(daemon: Daemon, code: str, failure: dict[str, str]) -> dict[str, Any]:
+    """The ``done`` of ``code``, whose one tool call the host answers with ``failure``."""
+    with client(daemon.url) as ws:
+        ws.send(execute("parity", code))
+        assert receive(ws)["type"] == "started"
+        call = receive(ws)
+        ws.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": False, "error": failure}))
+        done: dict[str, Any] = receive(ws)
+    assert done["type"] == "done" and done["ok"], done
+    return done
+
+
 def test_a_value_whose_json_is_a_string_logs_as_that_string_unquoted(daemon: Daemon) -> None:
     code = "console.log(new Date(0)); console.log('at', new String('s'), { d: new Date(0) })"
     assert logs_of(daemon, code) == ["1970-01-01T00:00:00.000Z", 'at s {"d":"1970-01-01T00:00:00.000Z"}']
@@ -51,13 +63,30 @@ def test_a_logged_error_shows_its_name_message_and_stack_after_its_own_propertie
 def test_a_logged_tool_failure_keeps_the_hosts_message(daemon: Daemon) -> None:
     """Model-written code logs what it caught: the line shows the host's code and message."""
     code = "try { await tools.echo({}) } catch (e) { console.error(e) }"
-    with client(daemon.url) as ws:
-        ws.send(execute("parity", code))
-        assert receive(ws)["type"] == "started"
-        call = receive(ws)
-        failure = {"code": "validation_error", "message": "city is required"}
-        ws.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": False, "error": failure}))
-        done: dict[str, Any] = receive(ws)
-    assert done["type"] == "done" and done["ok"], done
+    done = run_with_failing_tool(daemon, code, {"code": "validation_error", "message": "city is required"})
     line = json.loads(done["logs"][0])
     assert (line["code"], line["name"], line["message"]) == ("validation_error", "Error", "city is required")
+
+
+def test_a_stack_shows_the_guests_frames_only(daemon: Daemon) -> None:
+    """As the reference's: no frame of the runner's own code, which would change from release to
+    release and tell the guest nothing; a refused tool input's stack starts where the guest called."""
+    code = """
+    function inner() { null.x }
+    let thrown, refused;
+    try { inner() } catch (e) { thrown = e.stack }
+    try { await tools.echo(1n) } catch (e) { refused = e.stack }
+    [thrown, refused]
+    """
+    with client(daemon.url) as ws:
+        done = run_to_done(ws, "parity", code)
+    thrown, refused = done["result"]
+    assert thrown.splitlines()[0].startswith("    at inner (<input>:")
+    assert all("(<input>:" in frame for frame in thrown.splitlines() + refused.splitlines())
+    assert refused
+
+
+def test_a_tool_failure_made_by_the_host_has_an_empty_stack(daemon: Daemon) -> None:
+    code = "let r; try { await tools.echo({}) } catch (e) { r = [e.stack, e.message] } r"
+    done = run_with_failing_tool(daemon, code, {"code": "tool_error", "message": "upstream down"})
+    assert done["result"] == ["", "upstream down"]

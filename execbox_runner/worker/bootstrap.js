@@ -122,8 +122,11 @@
 
   // Made after guest code ran, which may have put `get` or `set` on Object.prototype: a descriptor
   // inheriting them would be an accessor descriptor, which defineProperty refuses with a value.
-  const trustedError = (code, message) => {
+  // Its stack leaves out `above`, the outermost of the bootstrap's functions under way, and every
+  // frame above it: the guest's own frames are all its stack shows (none, for a host's failure).
+  const trustedError = (code, message, above) => {
     const error = new ErrorCtor(message);
+    captureStackTrace(error, above);
     defineProperty(error, "code", { __proto__: null, value: code, writable: true, enumerable: true, configurable: true });
     reflectApply(weakMapSet, trusted, [error, [code, message]]);
     return error;
@@ -290,16 +293,16 @@
   defineProperty(G, "queueMicrotask", hidden);
 
   // ---------------------------------------------------------------- tools
-  const callTool = (provider, tool, input) => {
+  const callTool = (provider, tool, input, proxy) => {
     let failed = aborting;
-    let reason = failed ? trustedError("timeout", TIMEOUT_MESSAGE) : undefined;
+    let reason = failed ? trustedError("timeout", TIMEOUT_MESSAGE, proxy) : undefined;
     let inputText = "null";
     if (!failed && input !== undefined) {
       try {
         inputText = serialize(input, "$", new MapCtor(), 0);
       } catch (error) {
         failed = true;
-        reason = error === UNSERIALIZABLE ? trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${unserializable}`) : error;
+        reason = error === UNSERIALIZABLE ? trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${unserializable}`, proxy) : error;
       }
     }
     if (failed) return new PromiseCtor((_, reject) => reject(reason));
@@ -356,24 +359,24 @@
   };
 
   // ---------------------------------------------------------------- the worker's calls
-  // `op` is a small integer (guest.py's _START, _POLL, _SETTLE, _ABORT): a string from the worker
+  // `op` is a small integer (guest.py's _START, _POLL, _SETTLE, _ABORT, _BEGIN): a string from the worker
   // would be a new string to make and compare at every call, two of them per tool call.
-  return (op, a, b, c, d, e, f) => {
+  const dispatch = (op, a, b, c, d, e, f) => {
     switch (op) {
-      // The guest's function `a`, with the providers (JSON text `b`) and log limits (`c` lines,
-      // `d` characters). `e` names the global through which the worker found this dispatcher;
-      // it holds the ring for log lines by now, if there is one (of `f` code units, a power of
-      // two; else 0). No guest code has run yet: the typed arrays' constructors are the engine's.
+      // The providers (JSON text `a`) and log limits (`b` lines, `c` characters). `d` names the
+      // global through which the worker found this dispatcher; it holds the ring for log lines by
+      // now, if there is one (of `e` code units, a power of two; else 0). No guest code has run
+      // yet: the typed arrays' constructors are the engine's.
       case 0: { // start
-        if (f) ring = [G[e], f, G.Uint32Array, G.Uint16Array];
-        delete G[e];
-        maxLogLines = c;
-        logCharsLeft = d;
-        for (const [name, tools] of parse(b)) {
+        if (e) ring = [G[d], e, G.Uint32Array, G.Uint16Array];
+        delete G[d];
+        maxLogLines = b;
+        logCharsLeft = c;
+        for (const [name, tools] of parse(a)) {
           const namespace = {};
           for (const tool of tools) {
             const proxy = function (input) {
-              return callTool(name, tool, input);
+              return callTool(name, tool, input, proxy);
             };
             defineProperty(proxy, "name", { value: tool, configurable: true }); // as the guest knows it
             defineProperty(namespace, tool, { value: proxy, writable: true, enumerable: true, configurable: true });
@@ -381,16 +384,13 @@
           hidden.value = namespace;
           defineProperty(G, name, hidden);
         }
-        let promise;
-        try {
-          promise = a();
-        } catch (error) {
-          fail(error);
-          return;
-        }
-        reflectApply(promiseThen, promise, [succeed, fail]);
         return;
       }
+      // The promise `a` of the guest's function, which the worker called after `start` (so that
+      // no frame of the bootstrap's is under the guest's in a stack).
+      case 4: // begin
+        reflectApply(promiseThen, a, [succeed, fail]);
+        return;
       // Everything the guest did since the last poll, as one flat JSON text:
       // [calls, logs, outcome-or-null]; calls are [id, provider, tool, hasInput, input].
       case 1: { // poll
@@ -407,7 +407,7 @@
         if (callbacks === undefined) return;
         delete pending[a];
         if (b) callbacks[0](c === null || c === undefined ? undefined : parse(c));
-        else callbacks[1](trustedError(d, parse(e)));
+        else callbacks[1](trustedError(d, parse(e), dispatch));
         return;
       }
       case 3: // abort
@@ -416,9 +416,10 @@
         for (const id in pending) {
           const callbacks = pending[id];
           delete pending[id];
-          callbacks[1](trustedError("timeout", TIMEOUT_MESSAGE));
+          callbacks[1](trustedError("timeout", TIMEOUT_MESSAGE, dispatch));
         }
         return;
     }
   };
+  return dispatch;
 })();
