@@ -115,6 +115,15 @@ def throws() -> list[Case]:
         "syntax_error_unterminated": "const s = 'abc",
         "syntax_error_brace": "function f() {",
         "return_outside_function": "return 5",
+        "error_with_cause": "throw new Error('outer', { cause: new Error('inner') })",
+        "unhandled_rejection": "Promise.reject(new Error('unhandled')); 'finished'",
+        "throw_in_then_after_result": "Promise.resolve().then(() => { throw new Error('late') }); 'early'",
+        "caught_reference_error": "let r; try { missing } catch (e) { r = [e.name, e instanceof ReferenceError] } r",
+        "caught_type_error": "let r; try { null.x } catch (e) { r = [e.name, e.constructor === TypeError] } r",
+        "caught_syntax_error_in_eval": "let r; try { eval('1 +') } catch (e) { r = [e.name, e.message] } r",
+        "stack_type": "let r; try { null.x } catch (e) { r = typeof e.stack } r",
+        "dynamic_import": "await import('fs')",
+        "require": "require('fs')",
     }
     return [case(f"throw_{name}", code) for name, code in values.items()]
 
@@ -176,9 +185,18 @@ def console() -> list[Case]:
         "max_log_chars": "console.log('x'.repeat(30)); console.log('y'.repeat(30))",
         "default_line_limit": "for (let i = 0; i < 150; i++) console.log(i)",
         "logs_before_throw": "console.log('before'); throw new Error('after')",
+        "error_object": "console.log(new TypeError('bad type'))",
+        "error_with_code": "const e = new Error('coded'); e.code = 'E_X'; console.log(e)",
+        "error_subclass": "class MyError extends Error {}; console.log(new MyError('mine'))",
+        "error_nested": "console.log({ e: new Error('nested') })",
+        "caught_tool_error": "try { await t.fails({}) } catch (e) { console.log('failed:', e) }",
+        "boxed_string": "console.log(new String('boxed'), new Number(2))",
+        "promise": "console.log(Promise.resolve(1))",
+        "many_arguments": "console.log(1, 'two', [3], { four: 4 }, null, undefined, true)",
+        "newlines": "console.log('a\\nb'); console.log(`multi\nline`)",
     }
     limits = {"max_log_lines": {"maxLogLines": 3}, "max_log_chars": {"maxLogChars": 40}}
-    return [case(f"console_{name}", code, **limits.get(name, {})) for name, code in values.items()]
+    return [case(f"console_{name}", code, TOOLS, **limits.get(name, {})) for name, code in values.items()]
 
 
 def tools() -> list[Case]:
@@ -221,6 +239,18 @@ def tools() -> list[Case]:
         "sequential_calls": "let s = 0; for (let i = 0; i < 20; i++) s += await t.echo(i); s",
         "timeout_awaiting_tool": "await t.slow({})",
         "tool_result_mutation": "const r = await t.obj({}); r.a.push(3); r.a.length",
+        "undefined_argument": "await t.echo(undefined)",
+        "lone_surrogate_argument": "await t.echo('a\\uD800b')",
+        "getter_argument": "await t.echo({ get g() { return 1; } })",
+        "throwing_getter_argument": "await t.echo({ get g() { throw new Error('getter failed'); } })",
+        "class_instance_argument": "class P { constructor() { this.x = 1; } }; await t.echo(new P())",
+        "caught_bad_argument": "let r; try { await t.echo({ n: 1n }) } catch (e) { r = [e.name, e.code] } r",
+        "promise_race": "await Promise.race([t.slow({}), t.echo('fast')])",
+        "then_chain": "await t.echo(2).then(v => v * 3)",
+        "caught_failure_stack_type": "let r; try { await t.fails({}) } catch (e) { r = [typeof e.stack, Object.keys(e)] } r",
+        "rejects_after_result": "t.fails({}).catch(() => {}); 'done first'",
+        "tool_name_property": "t.echo.name",
+        "namespace_frozen": "t.extra = 1; typeof t.extra",
     }
     options = {"timeout_awaiting_tool": {"timeoutMs": 100}}
     providers = {"unknown_provider": ECHO}
@@ -241,6 +271,16 @@ def limits() -> list[Case]:
         case("limit_recursion", "function f(n) { return f(n + 1) + 1; } f(0)"),
         case("limit_recursion_caught", "function f() { f(); } try { f() } catch (e) { e.constructor.name }"),
         case("limit_catch_timeout", "try { while (true) {} } catch (e) { 'caught' }", timeoutMs=300),
+        case(
+            "limit_finally_after_timeout", "try { while (true) {} } finally { console.log('finally') }", timeoutMs=300
+        ),
+        case("limit_logs_then_timeout", "console.log('kept'); await new Promise(() => {})", timeoutMs=300),
+        case("limit_string_growth", "let s = 'x'; for (;;) s += s", memoryLimitBytes=16 << 20),
+        case(
+            "limit_caught_memory",
+            "let r; try { new Array(1e9).fill(0) } catch (e) { r = e.name } r",
+            memoryLimitBytes=16 << 20,
+        ),
     ]
 
 
