@@ -90,3 +90,13 @@ def test_a_tool_failure_made_by_the_host_has_an_empty_stack(daemon: Daemon) -> N
     code = "let r; try { await tools.echo({}) } catch (e) { r = [e.stack, e.message] } r"
     done = run_with_failing_tool(daemon, code, {"code": "tool_error", "message": "upstream down"})
     assert done["result"] == ["", "upstream down"]
+
+
+def test_a_tool_failure_keeps_its_name_message_and_code_through_json_and_spreading(daemon: Daemon) -> None:
+    """Model-written code passes on what it caught as ``JSON.stringify(e)`` or ``{ ...e }``: the
+    host's message goes with it, as from the reference's errors; the guest-made copy is not trusted."""
+    code = "let r; try { await tools.echo({}) } catch (e) { r = [Object.keys(e), JSON.stringify(e), { ...e }] } r"
+    done = run_with_failing_tool(daemon, code, {"code": "not_found", "message": "no such city"})
+    keys, text, spread = done["result"]
+    assert keys == ["name", "message", "code"]
+    assert json.loads(text) == spread == {"name": "Error", "message": "no such city", "code": "tool_error"}

@@ -124,10 +124,17 @@
   // inheriting them would be an accessor descriptor, which defineProperty refuses with a value.
   // Its stack leaves out `above`, the outermost of the bootstrap's functions under way, and every
   // frame above it: the guest's own frames are all its stack shows (none, for a host's failure).
+  // Its name, message and code are its own enumerable properties, in that order, as the reference
+  // runner's are: JSON.stringify and spreading keep the message.
   const trustedError = (code, message, above) => {
-    const error = new ErrorCtor(message);
+    const error = new ErrorCtor();
     captureStackTrace(error, above);
-    defineProperty(error, "code", { __proto__: null, value: code, writable: true, enumerable: true, configurable: true });
+    const own = { __proto__: null, value: "Error", writable: true, enumerable: true, configurable: true };
+    defineProperty(error, "name", own);
+    own.value = message;
+    defineProperty(error, "message", own);
+    own.value = code;
+    defineProperty(error, "code", own);
     reflectApply(weakMapSet, trusted, [error, [code, message]]);
     return error;
   };
