@@ -100,3 +100,23 @@ def test_a_tool_failure_keeps_its_name_message_and_code_through_json_and_spreadi
     keys, text, spread = done["result"]
     assert keys == ["name", "message", "code"]
     assert json.loads(text) == spread == {"name": "Error", "message": "no such city", "code": "tool_error"}
+
+
+def test_a_value_whose_getter_throws_is_not_serializable(daemon: Daemon) -> None:
+    """As a result, uncaught, and as a tool input, which the guest can catch: no tool call goes out."""
+    with client(daemon.url) as ws:
+        result = run_to_done(ws, "parity", "({ get g() { throw new Error('getter failed') } })")
+    assert (result["ok"], result["error"]) == (
+        False,
+        {
+            "code": "serialization_error",
+            "message": "Guest code returned a non-serializable value: reading it threw: getter failed",
+        },
+    )
+    code = "let r; try { await tools.echo({ get g() { throw 'no' } }) } catch (e) { r = [e.code, e.message] } r"
+    with client(daemon.url) as ws:
+        caught = run_to_done(ws, "parity", code)
+    assert caught["result"] == [
+        "serialization_error",
+        "Guest code passed a non-serializable tool input: reading it threw: no",
+    ]

@@ -159,6 +159,25 @@
     return UNSERIALIZABLE;
   };
 
+  // What a thrown value says: its `message` if that is a string, else String(value).
+  const describe = (error) => {
+    try {
+      const message = error !== null && (typeof error === "object" || typeof error === "function") ? error.message : undefined;
+      return typeof message === "string" ? message : toStr(error);
+    } catch {
+      return "Guest code threw a value that cannot be described";
+    }
+  };
+
+  // Why serializing a value threw `error`: what and where; or, as for the reference runner, what a
+  // getter (or a proxy's trap) reading it threw. null for an error the engine raised meanwhile (out
+  // of memory, say), which stays the guest's failure for the worker to judge.
+  const whyUnserializable = (error) => {
+    if (error === UNSERIALIZABLE) return unserializable;
+    if (isError(error) && !reflectApply(weakSetHas, made, [error])) return null;
+    return `reading it threw: ${describe(error)}`;
+  };
+
   const serialize = (value, path, ancestors, depth) => {
     switch (typeof value) {
       case "string":
@@ -309,7 +328,8 @@
         inputText = serialize(input, "$", new MapCtor(), 0);
       } catch (error) {
         failed = true;
-        reason = error === UNSERIALIZABLE ? trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${unserializable}`, proxy) : error;
+        const why = whyUnserializable(error);
+        reason = why === null ? error : trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${why}`, proxy);
       }
     }
     if (failed) return new PromiseCtor((_, reject) => reject(reason));
@@ -332,13 +352,7 @@
       outcome = `[3,${stringify(record[0])},${stringify(toWellFormed(record[1]))}]`;
       return;
     }
-    let message;
-    try {
-      if (error !== null && (typeof error === "object" || typeof error === "function")) message = error.message;
-      if (typeof message !== "string") message = toStr(error);
-    } catch {
-      message = "Guest code threw a value that cannot be described";
-    }
+    const message = describe(error);
     // The stack of an error the engine raised ("" if it has none), else null.
     let stack = "null";
     if (isError(error) && !reflectApply(weakSetHas, made, [error])) {
@@ -360,8 +374,9 @@
     try {
       outcome = `[1,${serialize(value, "$", new MapCtor(), 0)}]`;
     } catch (error) {
-      if (error !== UNSERIALIZABLE) fail(error);
-      else if (outcome === null) outcome = `[3,"serialization_error",${stringify(toWellFormed(`Guest code returned a non-serializable value: ${unserializable}`))}]`;
+      const why = whyUnserializable(error);
+      if (why === null) fail(error);
+      else if (outcome === null) outcome = `[3,"serialization_error",${stringify(toWellFormed(`Guest code returned a non-serializable value: ${why}`))}]`;
     }
   };
 
