@@ -3,10 +3,10 @@
 Runs every case of ``differential_corpus.py`` (guest code, the tools it may call and what each
 answers, runtime options) through execbox's ``RemoteExecutor`` (``execbox_host/differential.ts``)
 against this daemon and against the reference QuickJS endpoint, each case on a fresh connection,
-and prints the cases whose outcomes differ: ``ok``, the result (its JSON and the type the host
-got), the error's code and message, the logs. Nothing run-dependent is in an outcome (no
-durations), so nothing is normalized. ``--all`` prints every case's two outcomes; ``--cases``
-runs only the cases whose names contain one of the given words.
+and prints the cases whose outcomes differ, and in what: ``ok``, the result (its JSON and the type
+the host got), the error's code, its message, the logs; then how many differ in each way. Nothing
+run-dependent is in an outcome (no durations), so nothing is normalized. ``--all`` prints every
+case's two outcomes; ``--cases`` runs only the cases whose names contain one of the given words.
 
     python benchmarks/differential.py --execbox PATH [--cases WORD,...] [--all]
 
@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any, Final
 
@@ -50,6 +51,17 @@ def outcomes(execbox: Path, url: str, corpus_file: Path) -> dict[str, dict[str, 
     return {line.pop("name"): line for line in lines}
 
 
+def differing_parts(mine: dict[str, Any] | None, theirs: dict[str, Any] | None) -> list[str]:
+    """What of two outcomes differs: ``ok``, ``result``, ``error.code``, ``error.message``, ``logs``
+    (a runner that gave no outcome differs in ``all``)."""
+    if mine is None or theirs is None:
+        return [] if mine == theirs else ["all"]
+    parts = [key for key in ("ok", "result", "logs") if mine.get(key) != theirs.get(key)]
+    mine_error, their_error = mine.get("error") or {}, theirs.get("error") or {}
+    parts += [f"error.{key}" for key in ("code", "message") if mine_error.get(key) != their_error.get(key)]
+    return parts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--execbox", type=Path, required=True, help="a checkout of aallam/execbox (1fa0edc)")
@@ -73,17 +85,19 @@ def main() -> None:
             mine = outcomes(execbox, ours.url, Path(corpus_file.name))
         finally:
             ours.stop()
-    differing = 0
+    kinds: Counter[str] = Counter()
     for c in cases:
         name = c["name"]
-        same = mine.get(name) == theirs.get(name)
-        differing += not same
-        if args.all or not same:
-            print(f"{'same' if same else 'DIFFERS'} {name}: {c['code']!r}")
+        parts = differing_parts(mine.get(name), theirs.get(name))
+        kinds[", ".join(parts)] += bool(parts)
+        if args.all or parts:
+            print(f"{'DIFFERS in ' + ', '.join(parts) if parts else 'same'} {name}: {c['code']!r}")
             print(f"  ours      {json.dumps(mine.get(name))[:400]}")
-            if not same:
+            if parts:
                 print(f"  reference {json.dumps(theirs.get(name))[:400]}")
-    print(f"{differing} of {len(cases)} cases differ")
+    differing = sum(kinds.values())
+    print(f"{differing} of {len(cases)} cases differ", end="")
+    print(f": {'; '.join(f'{n} in {kind}' for kind, n in kinds.most_common() if n)}" if differing else "")
     sys.exit(1 if differing else 0)
 
 

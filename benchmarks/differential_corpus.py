@@ -155,8 +155,18 @@ def normalization() -> list[Case]:
         "leading_comment_block": "/* c */ 16",
         "use_strict": "'use strict'; 17",
         "function_then_call": "function f() { return 18; }\nf()",
+        "top_level_return": "return await t.echo(19)",
+        "fenced_typescript": "```ts\nconst x: number = 1; x\n```",
+        "two_fences": "```js\n1\n```\n```js\n2\n```",
+        "prose_before_fence": "Here is code:\n```js\n3\n```",
+        "export_default": "export default 1",
+        "two_function_declarations": "function a() { return 1 } function b() { return 2 }",
+        "lone_block": "{ const z = 1; z }",
+        "const_arrow_declaration": "const main = async () => { return 1 }",
+        "implicit_global": "x = 5\nx",
+        "labelled_loop_then_expression": "label: for (;;) break label;\n7",
     }
-    return [case(f"code_{name}", code) for name, code in values.items()]
+    return [case(f"code_{name}", code, TOOLS) for name, code in values.items()]
 
 
 def console() -> list[Case]:
@@ -193,6 +203,11 @@ def console() -> list[Case]:
         "boxed_string": "console.log(new String('boxed'), new Number(2))",
         "promise": "console.log(Promise.resolve(1))",
         "many_arguments": "console.log(1, 'two', [3], { four: 4 }, null, undefined, true)",
+        "format_specifiers": "console.log('%s is %d', 'x', 5)",
+        "negative_zero": "console.log(-0, [-0], { a: -0 })",
+        "binary_values": "console.log(new Uint8Array([1, 2]), new ArrayBuffer(2), /re/g, Object.create(null))",
+        "after_result": "Promise.resolve().then(() => console.log('after')); 'r'",
+        "unawaited_promise": "console.log(t.echo(1))",
         "newlines": "console.log('a\\nb'); console.log(`multi\nline`)",
     }
     limits = {"max_log_lines": {"maxLogLines": 3}, "max_log_chars": {"maxLogChars": 40}}
@@ -251,6 +266,10 @@ def tools() -> list[Case]:
         "rejects_after_result": "t.fails({}).catch(() => {}); 'done first'",
         "tool_name_property": "t.echo.name",
         "namespace_frozen": "t.extra = 1; typeof t.extra",
+        "map_without_promise_all": "[1, 2, 3].map(async x => await t.echo(x))",
+        "for_await": "let r = []; for await (const x of [t.echo(1), t.echo(2)]) r.push(x); r",
+        "catch_method": "await t.fails({}).catch(e => e.message)",
+        "json_parse_failure": "JSON.parse(await t.echo('{bad'))",
     }
     options = {"timeout_awaiting_tool": {"timeoutMs": 100}}
     providers = {"unknown_provider": ECHO}
