@@ -133,7 +133,11 @@ def test_a_benchmark_runs_and_prints_its_figures(script: str, arguments: list[st
 
 def test_every_script_has_a_run_here() -> None:
     scripts = {path.name for path in BENCHMARKS.glob("*.py")}
-    assert scripts == {script for script, _, _ in RUNS} | {"execbox_host.py"}
+    assert scripts == {script for script, _, _ in RUNS} | {
+        "execbox_host.py",
+        "differential.py",
+        "differential_corpus.py",
+    }
 
 
 def test_the_reference_side_by_side_needs_an_execbox_checkout() -> None:
@@ -146,3 +150,26 @@ def test_the_reference_side_by_side_needs_an_execbox_checkout() -> None:
     refused = run("execbox_host.py", ["--execbox", "/nonexistent", "--rounds", "1"])
     assert refused.returncode == 1
     assert "not an execbox checkout" in refused.stderr
+
+
+def test_the_differential_run_needs_an_execbox_checkout() -> None:
+    """``differential.py`` also runs execbox's host from a checkout: its options parse, and without
+    one it says so and stops before starting anything."""
+    helped = run("differential.py", ["--help"])
+    assert helped.returncode == 0, helped.stderr
+    assert "--execbox" in helped.stdout and "--cases" in helped.stdout
+    refused = run("differential.py", ["--execbox", "/nonexistent"])
+    assert refused.returncode == 1
+    assert "not an execbox checkout" in refused.stderr
+
+
+def test_the_differential_corpus_names_each_case_once_and_gives_only_known_options() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from differential_corpus import corpus
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    cases = corpus()
+    assert len({c["name"] for c in cases}) == len(cases) >= 80
+    known = {"timeoutMs", "memoryLimitBytes", "maxLogLines", "maxLogChars"}
+    assert all(set(c["options"]) <= known and isinstance(c["code"], str) for c in cases)

@@ -122,9 +122,19 @@
 
   // Made after guest code ran, which may have put `get` or `set` on Object.prototype: a descriptor
   // inheriting them would be an accessor descriptor, which defineProperty refuses with a value.
-  const trustedError = (code, message) => {
-    const error = new ErrorCtor(message);
-    defineProperty(error, "code", { __proto__: null, value: code, writable: true, enumerable: true, configurable: true });
+  // Its stack leaves out `above`, the outermost of the bootstrap's functions under way, and every
+  // frame above it: the guest's own frames are all its stack shows (none, for a host's failure).
+  // Its name, message and code are its own enumerable properties, in that order, as the reference
+  // runner's are: JSON.stringify and spreading keep the message.
+  const trustedError = (code, message, above) => {
+    const error = new ErrorCtor();
+    captureStackTrace(error, above);
+    const own = { __proto__: null, value: "Error", writable: true, enumerable: true, configurable: true };
+    defineProperty(error, "name", own);
+    own.value = message;
+    defineProperty(error, "message", own);
+    own.value = code;
+    defineProperty(error, "code", own);
     reflectApply(weakMapSet, trusted, [error, [code, message]]);
     return error;
   };
@@ -147,6 +157,25 @@
     const detail = `${what} at ${path}`;
     unserializable = detail.length > MAX_DETAIL ? slice(detail, 0, 150) + "\u2026" + slice(detail, -140) : detail;
     return UNSERIALIZABLE;
+  };
+
+  // What a thrown value says: its `message` if that is a string, else String(value).
+  const describe = (error) => {
+    try {
+      const message = error !== null && (typeof error === "object" || typeof error === "function") ? error.message : undefined;
+      return typeof message === "string" ? message : toStr(error);
+    } catch {
+      return "Guest code threw a value that cannot be described";
+    }
+  };
+
+  // Why serializing a value threw `error`: what and where; or, as for the reference runner, what a
+  // getter (or a proxy's trap) reading it threw. null for an error the engine raised meanwhile (out
+  // of memory, say), which stays the guest's failure for the worker to judge.
+  const whyUnserializable = (error) => {
+    if (error === UNSERIALIZABLE) return unserializable;
+    if (isError(error) && !reflectApply(weakSetHas, made, [error])) return null;
+    return `reading it threw: ${describe(error)}`;
   };
 
   const serialize = (value, path, ancestors, depth) => {
@@ -199,6 +228,9 @@
   // ---------------------------------------------------------------- console
   // One line per call: arguments space-joined; strings raw, undefined as
   // "undefined", anything else JSON-stringified, else converted with String().
+  // As execbox's reference runner has it: a value whose JSON is a string (a Date)
+  // is that string, unquoted; an error's JSON gains its name, message and stack
+  // (where it has them and its enumerable properties do not), which JSON leaves out.
   // The spec's truncation applies as lines arrive, so a flood never fills memory:
   // keep the earliest maxLogLines lines, then spend maxLogChars (UTF-16 code
   // units, as JS .length counts) across them, clipping the line that runs out.
@@ -214,6 +246,14 @@
   // The counters are plain elements, not Atomics (whose namespace, once touched, costs
   // every runtime its methods' names): the engine runs one store at a time, in order,
   // and the worker relies on x86-64's store order (logring.py).
+  const errorText = (error, copy) => {
+    for (const key of ["name", "message", "stack"]) {
+      if (copy[key] !== undefined) continue;
+      const value = error[key];
+      if (value !== undefined) defineProperty(copy, key, { __proto__: null, value, writable: true, enumerable: true, configurable: true });
+    }
+    return stringify(copy);
+  };
   const log = (...args) => {
     let line = "";
     for (let i = 0; i < args.length; i++) {
@@ -224,6 +264,8 @@
       else {
         try {
           text = stringify(value);
+          if (typeof text === "string" && charCodeAt(text, 0) === 34) text = parse(text);
+          else if (isError(value) && charCodeAt(text, 0) === 123) text = errorText(value, parse(text));
         } catch {}
         if (typeof text !== "string") {
           try {
@@ -277,16 +319,17 @@
   defineProperty(G, "queueMicrotask", hidden);
 
   // ---------------------------------------------------------------- tools
-  const callTool = (provider, tool, input) => {
+  const callTool = (provider, tool, input, proxy) => {
     let failed = aborting;
-    let reason = failed ? trustedError("timeout", TIMEOUT_MESSAGE) : undefined;
+    let reason = failed ? trustedError("timeout", TIMEOUT_MESSAGE, proxy) : undefined;
     let inputText = "null";
     if (!failed && input !== undefined) {
       try {
         inputText = serialize(input, "$", new MapCtor(), 0);
       } catch (error) {
         failed = true;
-        reason = error === UNSERIALIZABLE ? trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${unserializable}`) : error;
+        const why = whyUnserializable(error);
+        reason = why === null ? error : trustedError("serialization_error", `Guest code passed a non-serializable tool input: ${why}`, proxy);
       }
     }
     if (failed) return new PromiseCtor((_, reject) => reject(reason));
@@ -309,13 +352,7 @@
       outcome = `[3,${stringify(record[0])},${stringify(toWellFormed(record[1]))}]`;
       return;
     }
-    let message;
-    try {
-      if (error !== null && (typeof error === "object" || typeof error === "function")) message = error.message;
-      if (typeof message !== "string") message = toStr(error);
-    } catch {
-      message = "Guest code threw a value that cannot be described";
-    }
+    const message = describe(error);
     // The stack of an error the engine raised ("" if it has none), else null.
     let stack = "null";
     if (isError(error) && !reflectApply(weakSetHas, made, [error])) {
@@ -337,30 +374,31 @@
     try {
       outcome = `[1,${serialize(value, "$", new MapCtor(), 0)}]`;
     } catch (error) {
-      if (error !== UNSERIALIZABLE) fail(error);
-      else if (outcome === null) outcome = `[3,"serialization_error",${stringify(toWellFormed(`Guest code returned a non-serializable value: ${unserializable}`))}]`;
+      const why = whyUnserializable(error);
+      if (why === null) fail(error);
+      else if (outcome === null) outcome = `[3,"serialization_error",${stringify(toWellFormed(`Guest code returned a non-serializable value: ${why}`))}]`;
     }
   };
 
   // ---------------------------------------------------------------- the worker's calls
-  // `op` is a small integer (guest.py's _START, _POLL, _SETTLE, _ABORT): a string from the worker
+  // `op` is a small integer (guest.py's _START, _POLL, _SETTLE, _ABORT, _BEGIN): a string from the worker
   // would be a new string to make and compare at every call, two of them per tool call.
-  return (op, a, b, c, d, e, f) => {
+  const dispatch = (op, a, b, c, d, e, f) => {
     switch (op) {
-      // The guest's function `a`, with the providers (JSON text `b`) and log limits (`c` lines,
-      // `d` characters). `e` names the global through which the worker found this dispatcher;
-      // it holds the ring for log lines by now, if there is one (of `f` code units, a power of
-      // two; else 0). No guest code has run yet: the typed arrays' constructors are the engine's.
+      // The providers (JSON text `a`) and log limits (`b` lines, `c` characters). `d` names the
+      // global through which the worker found this dispatcher; it holds the ring for log lines by
+      // now, if there is one (of `e` code units, a power of two; else 0). No guest code has run
+      // yet: the typed arrays' constructors are the engine's.
       case 0: { // start
-        if (f) ring = [G[e], f, G.Uint32Array, G.Uint16Array];
-        delete G[e];
-        maxLogLines = c;
-        logCharsLeft = d;
-        for (const [name, tools] of parse(b)) {
+        if (e) ring = [G[d], e, G.Uint32Array, G.Uint16Array];
+        delete G[d];
+        maxLogLines = b;
+        logCharsLeft = c;
+        for (const [name, tools] of parse(a)) {
           const namespace = {};
           for (const tool of tools) {
             const proxy = function (input) {
-              return callTool(name, tool, input);
+              return callTool(name, tool, input, proxy);
             };
             defineProperty(proxy, "name", { value: tool, configurable: true }); // as the guest knows it
             defineProperty(namespace, tool, { value: proxy, writable: true, enumerable: true, configurable: true });
@@ -368,16 +406,13 @@
           hidden.value = namespace;
           defineProperty(G, name, hidden);
         }
-        let promise;
-        try {
-          promise = a();
-        } catch (error) {
-          fail(error);
-          return;
-        }
-        reflectApply(promiseThen, promise, [succeed, fail]);
         return;
       }
+      // The promise `a` of the guest's function, which the worker called after `start` (so that
+      // no frame of the bootstrap's is under the guest's in a stack).
+      case 4: // begin
+        reflectApply(promiseThen, a, [succeed, fail]);
+        return;
       // Everything the guest did since the last poll, as one flat JSON text:
       // [calls, logs, outcome-or-null]; calls are [id, provider, tool, hasInput, input].
       case 1: { // poll
@@ -394,7 +429,7 @@
         if (callbacks === undefined) return;
         delete pending[a];
         if (b) callbacks[0](c === null || c === undefined ? undefined : parse(c));
-        else callbacks[1](trustedError(d, parse(e)));
+        else callbacks[1](trustedError(d, parse(e), dispatch));
         return;
       }
       case 3: // abort
@@ -403,9 +438,10 @@
         for (const id in pending) {
           const callbacks = pending[id];
           delete pending[id];
-          callbacks[1](trustedError("timeout", TIMEOUT_MESSAGE));
+          callbacks[1](trustedError("timeout", TIMEOUT_MESSAGE, dispatch));
         }
         return;
     }
   };
+  return dispatch;
 })();

@@ -68,6 +68,7 @@ _START: Final = 0
 _POLL: Final = 1
 _SETTLE: Final = 2
 _ABORT: Final = 3
+_BEGIN: Final = 4
 
 _Call = tuple[int, str, str, bool, msgspec.Raw]
 _poll_decoder: Final = msgspec.json.Decoder(tuple[list[_Call], list[str], list[msgspec.Raw] | None])
@@ -214,7 +215,8 @@ class GuestRun:
             providers = msgspec.json.encode(run.providers).decode()
             # The limits as floats: the binding makes a Python int a 32-bit JavaScript one (2**32 would be 0).
             lines, chars = float(run.max_log_lines), float(run.max_log_chars)
-            self.api(_START, main, providers, lines, chars, BOOTSTRAP_KEY, CAPACITY if self.ring else 0)
+            self.api(_START, providers, lines, chars, BOOTSTRAP_KEY, CAPACITY if self.ring else 0)
+            self.api(_BEGIN, main())
             del main  # the runtime is freed as the execution ends: no reference may outlive it
         except _TooDeep:
             return self._finish(False, None, "runtime_error", TOO_DEEP_MESSAGE, [])
