@@ -320,6 +320,20 @@ def test_a_message_in_many_empty_fragments_is_bounded_by_the_message_limit(daemo
         assert run_to_done(ws, "after", "1 + 1")["result"] == 2
 
 
+def test_a_bad_frame_right_after_a_cancel_leaves_the_done_a_timeout(daemon: Daemon) -> None:
+    """Spec, Cancellation: a cancelled execution ends timeout-shaped. A frame that closes the
+    connection before its done (here in the same read as the cancel) does not make it a protocol
+    error: the done is the timeout, then the close 1007 for the frame."""
+    frames = [
+        masked(0x1, execute("c", "while (true) {}", timeoutMs=60000).encode(), fin=True),
+        masked(0x1, b'{"type":"cancel","id":"c"}', fin=True),
+        masked(0x1, b"not json", fin=True),
+    ]
+    answer = fragmented(daemon, frames)
+    done = json.loads(answer[answer.index(b'{"type":"done"') :].split(b"}}", 1)[0] + b"}}")
+    assert done["error"] == {"code": "timeout", "message": "Execution timed out"}
+
+
 def test_a_message_in_a_few_fragments_still_runs(daemon: Daemon) -> None:
     message = execute("frag", "6 * 7").encode()
     pieces = [message[:10], message[10:60], b"", message[60:]]

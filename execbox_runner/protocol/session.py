@@ -319,9 +319,12 @@ class Session:
         return _rejected(exec_id, "internal_error", ALREADY_ACTIVE_MESSAGE)
 
     def _fail_and_close(self, now: float, code: int, reason: str) -> list[Action]:
-        """A frame nobody can act on: fail the active execution, then close."""
+        """A frame nobody can act on: fail the active execution, then close. One already cancelled or
+        past its deadline has its outcome, as when its worker is lost: ``timeout``."""
         actions: list[Action] = []
-        if self._exec is not None:
+        if self.phase is Phase.ABORTING:
+            actions = self._finish_timeout(now, ReleaseWorker())
+        elif self._exec is not None:
             actions = self._conclude(now, ReleaseWorker(), "validation_error", f"Protocol error: {reason}")
         self.phase = Phase.CLOSED
         actions.append(CloseTransport(code, _close_reason(reason)))
