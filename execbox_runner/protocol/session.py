@@ -188,7 +188,8 @@ class Session:
         # the host as they arrive, each also in the ``done``.
         self.live_logs = False
         self._exec: _Execution | None = None
-        self._shutting_down = False
+        self._draining = False  # the daemon drains: no new execution, the session closes once idle
+        self._shutting_down = False  # ... and the running execution is cancelled
         # Tool calls sent on this connection: their ids are unique within it, so that a late
         # ``tool_result`` for an execution that ended can never answer a later one's call.
         self._calls = 0
@@ -458,10 +459,22 @@ class Session:
             release,
             _record(ex, now, "ok" if code is None else "error", code),
         ]
-        if self._shutting_down:
+        if self._draining:
             self.phase = Phase.CLOSED
             actions.append(CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE))
         return actions
+
+    def drain(self) -> list[Action]:
+        """The daemon drains: a running execution may still finish, but none starts after it, as it
+        could not finish either. The connection closes with 1001 once idle (now, if it is), and the
+        host takes its next execute to another runner."""
+        if self.phase is Phase.CLOSED or self._draining:
+            return []
+        self._draining = True
+        if self._exec is not None:
+            return []  # the close follows its done
+        self.phase = Phase.CLOSED
+        return [CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE)]
 
     def shutdown(self, now: float) -> list[Action]:
         """The daemon is stopping: a running execution is cancelled (it still gets its
@@ -470,11 +483,9 @@ class Session:
             return []
         self._shutting_down = True
         if self.phase is Phase.RUNNING:
+            self._draining = True
             return self._abort(now, self.cancel_grace)
-        if self.phase is Phase.ABORTING:
-            return []  # its done is on the way, and the close follows it
-        self.phase = Phase.CLOSED
-        return [CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE)]
+        return self.drain()  # an aborting execution's done is on the way, and the close follows it
 
     def _end(self) -> None:
         self._exec = None
