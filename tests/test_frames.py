@@ -361,6 +361,21 @@ def test_any_log_limit_a_javascript_host_writes_works_as_the_largest_kept(daemon
         assert (done["result"], done["logs"]) == (7, ["line 0", "line 1", "line 2"]), (limit, options)
 
 
+@pytest.mark.parametrize(("spelling", "limit"), [("67108864.0", 67108864), ("1e8", 100000000), ("6.4e5", 640000)])
+def test_a_whole_memory_limit_is_taken_in_any_json_spelling(daemon: Daemon, spelling: str, limit: int) -> None:
+    """JavaScript has one number type, and JSON Schema's "integer" takes 67108864.0: a host whose encoder
+    writes a whole memoryLimitBytes with a fraction or an exponent (Python's json, serde_json for an
+    f64) gets the limit it means. A fraction is still refused, naming the field."""
+    frame = execute("e1", "const a = []; while (true) a.push([a.length])", memoryLimitBytes=0)
+    with client(daemon.url) as ws:
+        ws.send(frame.replace('"memoryLimitBytes": 0', f'"memoryLimitBytes": {spelling}'))
+        assert receive(ws)["type"] == "started"
+        assert receive(ws)["error"] == {"code": "memory_limit", "message": "Memory limit exceeded"}
+        ws.send(frame.replace('"memoryLimitBytes": 0', f'"memoryLimitBytes": {limit - 0.5}'))
+        refused = receive(ws)["error"]
+    assert refused["code"] == "validation_error" and refused["message"].endswith("at `$.options.memoryLimitBytes`")
+
+
 def test_a_fractional_log_limit_counts_whole_lines_and_characters(daemon: Daemon) -> None:
     with client(daemon.url) as ws:
         done = run_to_done(ws, "e1", "console.log('abc'); console.log('def'); console.log('g')", maxLogLines=2.9)

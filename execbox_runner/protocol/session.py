@@ -242,11 +242,12 @@ class Session:
                 "validation_error",
                 f"timeoutMs {_plain(options.timeoutMs)} exceeds this runner's maximum of {_plain(self.max_timeout_ms)}",
             )
-        if options.memoryLimitBytes > self.max_memory_limit_bytes:
+        memory_limit = int(options.memoryLimitBytes)
+        if memory_limit > self.max_memory_limit_bytes:
             return _rejected(
                 message.id,
                 "validation_error",
-                f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
+                f"memoryLimitBytes {memory_limit} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
             )
         deadline = now + options.timeoutMs / 1000
         # Any log limit a host can write works, as the largest this runner keeps (see ``LogLimit``).
@@ -273,7 +274,7 @@ class Session:
         run = ipc.Run(
             code=message.code,
             budget_s=options.timeoutMs / 1000,
-            memory_limit=options.memoryLimitBytes,
+            memory_limit=memory_limit,
             max_log_lines=max_log_lines,
             max_log_chars=max_log_chars,
             providers=providers,
