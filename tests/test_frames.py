@@ -344,6 +344,23 @@ def test_limits_out_of_range_are_a_validation_error(daemon: Daemon, options: dic
         assert run_to_done(ws, "e2", "3")["result"] == 3
 
 
+@pytest.mark.parametrize("name", ["undefined", "NaN", "Infinity"])
+def test_a_provider_named_after_a_global_javascript_fixes_is_refused(daemon: Daemon, name: str) -> None:
+    """Each provider becomes a guest global, which these three cannot be: the execute is refused, saying
+    why, instead of failing every execution with runtime_error "property is not configurable"."""
+    frame = json.loads(execute("e1", "1"))
+    frame["providers"] = [{"name": name, "tools": {"t": {"safeName": "t"}}}]
+    with client(daemon.url) as ws:
+        ws.send(json.dumps(frame))
+        done = receive(ws)
+        assert (done["type"], done["error"]["code"]) == ("done", "validation_error")
+        assert (
+            f"a provider cannot be named {name}: JavaScript's global {name} cannot be replaced"
+            in done["error"]["message"]
+        )
+        assert run_to_done(ws, "e2", "3")["result"] == 3
+
+
 @pytest.mark.parametrize(
     "limit", ["4294967296", "9007199254740991", "9223372036854775808", "1e+21", "1.7976931348623157e+308"]
 )

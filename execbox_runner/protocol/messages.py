@@ -91,9 +91,14 @@ class RuntimeOptions(Struct, frozen=True):
 # ---------------------------------------------------------------- host -> runner
 
 
+# The globals JavaScript fixes (not configurable), which no provider can become.
+FIXED_GLOBALS: Final = ("undefined", "NaN", "Infinity")
+
+
 class Execute(Struct, tag="execute", tag_field="type", frozen=True):
     """Provider names, and tool names within a provider, must be unique: each
-    becomes one guest global or property, so a repeat would silently shadow."""
+    becomes one guest global or property, so a repeat would silently shadow.
+    A provider cannot be named undefined, NaN or Infinity, globals JavaScript fixes."""
 
     id: str
     code: str
@@ -104,6 +109,10 @@ class Execute(Struct, tag="execute", tag_field="type", frozen=True):
         names = [provider.name for provider in self.providers]
         if len(set(names)) != len(names):
             raise ValueError("provider names must be unique")
+        if fixed := [name for name in FIXED_GLOBALS if name in names]:
+            raise ValueError(
+                f"a provider cannot be named {fixed[0]}: JavaScript's global {fixed[0]} cannot be replaced"
+            )
         for provider in self.providers:
             tools = [tool.safeName for tool in provider.tools.values()]
             if len(set(tools)) != len(tools):
