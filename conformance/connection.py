@@ -79,17 +79,20 @@ class Connection:
             if not self._read(deadline):
                 raise TimeoutError(f"no message within {timeout:g} s")
 
-    def close(self, code: int = 1000, reason: str = "") -> None:
-        """Send a close frame and wait up to the close timeout for the peer's, then close the socket."""
+    def close(self, code: int = 1000, reason: str = "") -> list[str | bytes]:
+        """Send a close frame and wait up to the close timeout for the peer's, then close the socket.
+        Returns the messages ``recv`` never took: those the peer sent before it closed."""
+        untaken: list[str | bytes] = []
         try:
             if self.protocol.state is State.OPEN:
                 self.protocol.send_close(code, reason)
                 self._flush()
-            self._until_closed()
+            self._until_closed(untaken)
         except OSError:
             pass
         finally:
             self.socket.close()
+        return untaken
 
     def _message(self, event: object) -> str | bytes | None:
         """A whole message from a frame, if it ends one (fragments are gathered)."""
@@ -139,12 +142,21 @@ class Connection:
                 except OSError:
                     pass
 
-    def _until_closed(self) -> None:
-        """Read until the peer has closed the TCP connection too, for the close timeout at most
-        (what arrives meanwhile is of no use: the closing handshake has begun)."""
+    def _until_closed(self, untaken: list[str | bytes] | None = None) -> None:
+        """Read until the peer has closed the TCP connection too, for the close timeout at most; the
+        messages received and not yet taken go to ``untaken`` (a text one that is not UTF-8 as bytes)."""
         deadline = time.monotonic() + self._close_timeout
-        while self.protocol.state is not State.CLOSED and self._read(deadline):
+        while True:
+            for event in self._events:
+                try:
+                    message = self._message(event)
+                except UnicodeDecodeError as exc:
+                    message = exc.object
+                if message is not None and untaken is not None:
+                    untaken.append(message)
             self._events.clear()
+            if self.protocol.state is State.CLOSED or not self._read(deadline):
+                return
 
     def _closed(self) -> ConnectionClosed:
         """What the connection's end raises: once the peer has closed the TCP connection too, or

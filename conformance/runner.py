@@ -220,6 +220,27 @@ def _play(target: Target, transcript: Transcript, timeout: float) -> None:
                 raise _hinted(exc.at(where), transcript) from None
             except OSError as exc:
                 raise Mismatch(f"{where}: transport error: {exc!r}") from None
+        last = transcript.steps[-1]
+        if last.kind == "runner" and last.value.get("type") == "done":
+            _nothing_after_done(ws, f"after step {len(transcript.steps)} (line {last.line}, the done)")
+
+
+def _nothing_after_done(ws: Connection, where: str) -> None:
+    """Spec, State Machine: after ``done`` no further protocol messages are valid. The host closes the
+    connection; a message the runner sent after its last ``done``, before it closed, is a difference
+    (a second ``done``, a late ``tool_call`` or ``log``)."""
+    if late := ws.close():
+        raise Mismatch(f"{where}: the runner sent {_shown(late[0])} after the done; nothing may follow a done")
+
+
+def _shown(frame: str | bytes) -> str:
+    """A runner frame for a message: its JSON compacted, else its text or bytes as they came."""
+    if isinstance(frame, bytes):
+        return repr(frame[:60])
+    try:
+        return show(loads_strict(frame))
+    except ValueError:
+        return show(frame)
 
 
 def _hinted(mismatch: Mismatch, transcript: Transcript) -> Mismatch:
@@ -367,8 +388,7 @@ def _expect_close(ws: Connection, expected: dict[str, JSON], wait: float) -> Non
             if "reason" in expected and received.reason != expected["reason"]:
                 raise Mismatch(f"expected close reason {expected['reason']!r}, got {received.reason!r}") from None
             return
-        shown = show(frame) if isinstance(frame, str) else repr(frame[:60])
-        raise Mismatch(f"expected the runner to close with {expected['code']}, got message {shown}")
+        raise Mismatch(f"expected the runner to close with {expected['code']}, got message {_shown(frame)}")
 
 
 def _describe_close(exc: ConnectionClosed) -> str:

@@ -440,7 +440,7 @@ def test_a_bad_limit_or_tool_is_a_value_error_before_anything_runs(backend: str)
     for limits, message in [
         ({"timeout_ms": "x"}, "invalid timeout_ms: Expected `float`, got `str`"),
         ({"timeout_ms": 0}, "invalid timeout_ms: Expected `float` > 0.0"),
-        ({"memory_limit_bytes": 1.5}, "invalid memory_limit_bytes: Expected `int`, got `float`"),
+        ({"memory_limit_bytes": 1.5}, "invalid memory_limit_bytes: Expected `float` that's a multiple of 1.0"),
     ]:
         exactly = f"^{re.escape(message)}$"
         with pytest.raises(ValueError, match=exactly):

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -575,6 +575,45 @@ def test_log_lines_match_however_the_runner_groups_them(
     with scripted_runner(sends_lines_in_two_messages) as (url, _):
         result = run_transcript(url, _write(tmp_path, "grouped", steps), timeout=5.0)
     assert (result.passed, result.difference) == (not difference, difference)
+
+
+def sends_after_its_done(late: list[dict[str, Any]]) -> Callable[[Any, list[Any]], None]:
+    """A runner that answers an execute with started and done, then sends ``late``."""
+
+    def script(connection: Any, received: list[Any]) -> None:
+        exec_id = json.loads(connection.recv(timeout=10))["id"]
+        connection.send(json.dumps({"type": "started", "id": exec_id}))
+        connection.send(json.dumps({"type": "done", "id": exec_id, "ok": True, "durationMs": 1, "logs": []}))
+        for message in late:
+            connection.send(json.dumps(message))
+        connection.recv(timeout=10)  # until the host closes
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("late", "sent"),
+    [
+        ([], ""),
+        ([{"type": "done", "id": "x", "ok": True, "durationMs": 1, "logs": []}], '{"type":"done","id":"x"'),
+        (
+            [{"type": "tool_call", "callId": "c", "providerName": "tools", "safeToolName": "echo"}],
+            '{"type":"tool_call"',
+        ),
+        ([{"type": "log", "id": "x", "lines": ["late"]}], '{"type":"log"'),
+    ],
+    ids=["nothing", "second done", "tool call", "log"],
+)
+def test_a_message_after_the_done_is_a_difference(tmp_path: Path, late: list[dict[str, Any]], sent: str) -> None:
+    """Spec, State Machine: after done no further protocol messages are valid, so a transcript ending with
+    a done fails on a runner that sends anything after it (before it answers the host's close)."""
+    steps = [_execute("x", "undefined"), {"runner": {"type": "started", "id": "x"}}, _done("x")]
+    with scripted_runner(sends_after_its_done(late)) as (url, _):
+        result = run_transcript(url, _write(tmp_path, "after-done", steps), timeout=5.0)
+    assert result.passed == (not late)
+    if late:
+        assert result.difference.startswith(f"after step 3 (line 4, the done): the runner sent {sent}")
+        assert result.difference.endswith("after the done; nothing may follow a done")
 
 
 def test_match_placeholders() -> None:

@@ -124,6 +124,21 @@ def test_timeouts_and_out_of_memory_cost_only_their_own_runtime(daemon: Daemon) 
         assert workers <= set(daemon.workers())
 
 
+def test_a_memory_limit_too_small_to_compile_even_trivial_code_is_memory_limit(daemon: Daemon) -> None:
+    """Spec, Error Mapping Rules: memory_limit is for real memory failures, and the parser running out
+    of memory is one. Below some limit QuickJS cannot compile ``1 + 1``; with half the stack it fails
+    otherwise, as code nested too deeply does, which made it runtime_error "Code nested too deeply"."""
+    limits = [16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 512, 1024]  # KiB: from too small to enough
+    with client(daemon.url) as ws:
+        dones = {kib: run_to_done(ws, f"m{kib}", "1 + 1", memoryLimitBytes=kib << 10) for kib in limits}
+    failures = {kib: done["error"] for kib, done in dones.items() if not done["ok"]}
+    assert 16 in failures and 1024 not in failures
+    assert all(error == {"code": "memory_limit", "message": "Memory limit exceeded"} for error in failures.values()), (
+        failures
+    )
+    assert all(done["result"] == 2 for kib, done in dones.items() if kib not in failures)
+
+
 def test_concurrent_sessions_each_get_their_own_answers(daemon: Daemon) -> None:
     results: dict[int, dict] = {}
 
@@ -303,6 +318,20 @@ def test_a_message_in_many_empty_fragments_is_bounded_by_the_message_limit(daemo
     assert answer.startswith(b"\x88") and answer[2:4] == (1009).to_bytes(2, "big"), answer[:80]
     with client(daemon.url) as ws:  # the daemon carries on
         assert run_to_done(ws, "after", "1 + 1")["result"] == 2
+
+
+def test_a_bad_frame_right_after_a_cancel_leaves_the_done_a_timeout(daemon: Daemon) -> None:
+    """Spec, Cancellation: a cancelled execution ends timeout-shaped. A frame that closes the
+    connection before its done (here in the same read as the cancel) does not make it a protocol
+    error: the done is the timeout, then the close 1007 for the frame."""
+    frames = [
+        masked(0x1, execute("c", "while (true) {}", timeoutMs=60000).encode(), fin=True),
+        masked(0x1, b'{"type":"cancel","id":"c"}', fin=True),
+        masked(0x1, b"not json", fin=True),
+    ]
+    answer = fragmented(daemon, frames)
+    done = json.loads(answer[answer.index(b'{"type":"done"') :].split(b"}}", 1)[0] + b"}}")
+    assert done["error"] == {"code": "timeout", "message": "Execution timed out"}
 
 
 def test_a_message_in_a_few_fragments_still_runs(daemon: Daemon) -> None:

@@ -344,6 +344,23 @@ def test_limits_out_of_range_are_a_validation_error(daemon: Daemon, options: dic
         assert run_to_done(ws, "e2", "3")["result"] == 3
 
 
+@pytest.mark.parametrize("name", ["undefined", "NaN", "Infinity"])
+def test_a_provider_named_after_a_global_javascript_fixes_is_refused(daemon: Daemon, name: str) -> None:
+    """Each provider becomes a guest global, which these three cannot be: the execute is refused, saying
+    why, instead of failing every execution with runtime_error "property is not configurable"."""
+    frame = json.loads(execute("e1", "1"))
+    frame["providers"] = [{"name": name, "tools": {"t": {"safeName": "t"}}}]
+    with client(daemon.url) as ws:
+        ws.send(json.dumps(frame))
+        done = receive(ws)
+        assert (done["type"], done["error"]["code"]) == ("done", "validation_error")
+        assert (
+            f"a provider cannot be named {name}: JavaScript's global {name} cannot be replaced"
+            in done["error"]["message"]
+        )
+        assert run_to_done(ws, "e2", "3")["result"] == 3
+
+
 @pytest.mark.parametrize(
     "limit", ["4294967296", "9007199254740991", "9223372036854775808", "1e+21", "1.7976931348623157e+308"]
 )
@@ -359,6 +376,21 @@ def test_any_log_limit_a_javascript_host_writes_works_as_the_largest_kept(daemon
             assert receive(ws)["type"] == "started"
             done = receive(ws)
         assert (done["result"], done["logs"]) == (7, ["line 0", "line 1", "line 2"]), (limit, options)
+
+
+@pytest.mark.parametrize(("spelling", "limit"), [("67108864.0", 67108864), ("1e8", 100000000), ("6.4e5", 640000)])
+def test_a_whole_memory_limit_is_taken_in_any_json_spelling(daemon: Daemon, spelling: str, limit: int) -> None:
+    """JavaScript has one number type, and JSON Schema's "integer" takes 67108864.0: a host whose encoder
+    writes a whole memoryLimitBytes with a fraction or an exponent (Python's json, serde_json for an
+    f64) gets the limit it means. A fraction is still refused, naming the field."""
+    frame = execute("e1", "const a = []; while (true) a.push([a.length])", memoryLimitBytes=0)
+    with client(daemon.url) as ws:
+        ws.send(frame.replace('"memoryLimitBytes": 0', f'"memoryLimitBytes": {spelling}'))
+        assert receive(ws)["type"] == "started"
+        assert receive(ws)["error"] == {"code": "memory_limit", "message": "Memory limit exceeded"}
+        ws.send(frame.replace('"memoryLimitBytes": 0', f'"memoryLimitBytes": {limit - 0.5}'))
+        refused = receive(ws)["error"]
+    assert refused["code"] == "validation_error" and refused["message"].endswith("at `$.options.memoryLimitBytes`")
 
 
 def test_a_fractional_log_limit_counts_whole_lines_and_characters(daemon: Daemon) -> None:

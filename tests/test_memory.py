@@ -33,6 +33,15 @@ def test_every_real_out_of_memory_is_memory_limit(shape: str, limit: int, budget
     assert (finished.code, finished.message) == ("memory_limit", "Memory limit exceeded")
 
 
+def test_a_limit_too_small_to_compile_the_code_is_memory_limit(budget: str) -> None:
+    """The parser running out of memory is memory_limit, not "Code nested too deeply to parse" (it too
+    fails otherwise with half the parse stack, the test for nesting), wherever the budget is checked."""
+    finished = {kib: run("1 + 1", memory=kib << 10) for kib in (16, 32, 64, 96, 128, 256, 1024)}
+    failed = {kib: (f.code, f.message) for kib, f in finished.items() if not f.ok}
+    assert 16 in failed and 1024 not in failed
+    assert set(failed.values()) == {("memory_limit", "Memory limit exceeded")}, failed
+
+
 def test_out_of_memory_from_which_the_guest_recovers_is_not_a_failure(budget: str) -> None:
     code = "let n = 0; try { const a = []; while (true) a.push(new Array(1000).fill(n++)) } catch {} n > 0"
     assert value(run(code, memory=8 * MIB)) is True

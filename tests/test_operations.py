@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .daemonkit import Daemon, certificate, client, execute, receive, run_to_done, running_daemon, stop
+from .daemonkit import (
+    Daemon,
+    HostConnection,
+    certificate,
+    client,
+    execute,
+    receive,
+    run_to_done,
+    running_daemon,
+    stop,
+)
 
 
 def fetch(daemon: Daemon, path: str) -> tuple[int, dict[str, str], bytes]:
@@ -154,6 +164,29 @@ def test_sigterm_drains_lets_short_work_finish_and_cancels_the_rest() -> None:
             slow.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
         assert d.process.wait(timeout=20) == 0
+
+
+def test_a_drain_starts_no_new_execution_on_open_sessions() -> None:
+    """An execution started during the drain could not finish either: the grace would cancel it with
+    timeout. So an idle session is closed with 1001 at once, and one running an execution right after
+    its done: the host takes its next execute to another runner, and the drain ends with the work."""
+    with running_daemon("--drain-grace", "600") as d, client(d.url) as running, client(d.url) as idle:
+        running.send(execute("running", "await tools.hang({})"))
+        call = [receive(running), receive(running)][1]
+        d.process.send_signal(signal.SIGTERM)
+        assert close_of(idle) == (1001, "the runner is shutting down")
+        running.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 7}))
+        assert receive(running)["result"] == 7
+        assert close_of(running) == (1001, "the runner is shutting down")
+        assert d.process.wait(timeout=20) == 0  # with the work, long before the grace
+
+
+def close_of(ws: HostConnection) -> tuple[int, str]:
+    """The code and reason of the daemon's close frame, the next thing ``ws`` receives."""
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, closed.value.rcvd.reason
 
 
 def test_the_drain_closes_connections_still_in_their_handshake_without_waiting_for_them() -> None:

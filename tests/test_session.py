@@ -278,9 +278,11 @@ def test_protocol_invariants_hold_under_random_message_orders(events: list[tuple
     """Whatever arrives in whatever order: started once and first, exactly one
     done per accepted execution and nothing of it afterwards, unique callIds, a
     worker only while an execution runs, each pending call settled at most once,
-    and ok/result/error consistent on every done."""
+    ok/result/error consistent on every done, and a cancelled execution's done a
+    timeout (unless an execute reusing its id ends it)."""
     session = Session()
     now = 0.0
+    cancelled = False  # the running execution was cancelled
     worker_busy = False
     next_call = 1
     settled: list[int] = []
@@ -292,6 +294,7 @@ def test_protocol_invariants_hold_under_random_message_orders(events: list[tuple
         if kind == "execute":
             actions = session.receive_text(execute(event[1]), now)
         elif kind == "cancel":
+            cancelled = cancelled or event[1] == before
             actions = session.receive_text(json.dumps({"type": "cancel", "id": event[1]}).encode(), now)
         elif kind == "result":
             error = {} if event[2] else {"error": {"code": "tool_error", "message": "x"}}
@@ -332,6 +335,9 @@ def test_protocol_invariants_hold_under_random_message_orders(events: list[tuple
             # The execution ended in this batch: its done is the last message, and the only one not rejecting another execute.
             assert messages[-1]["type"] == "done" and messages[-1]["id"] == before
             assert all(m["type"] == "tool_call" or m["error"]["code"] == "internal_error" for m in messages[:-1])
+            if cancelled and event != ("execute", before):
+                assert messages[-1]["error"] == {"code": "timeout", "message": "Execution timed out"}, event
+            cancelled = False
         elif before is not None:
             # Still running: only tool_calls and rejections of other executes.
             for message in messages:

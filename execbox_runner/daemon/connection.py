@@ -198,6 +198,12 @@ class Connection:
         """Bytes sent to the host that it has not taken yet."""
         return self.transport.backlog
 
+    def drain(self) -> None:
+        """The daemon drains: this session's running execution may finish, then it closes (at once if
+        none runs)."""
+        if self._counted:
+            self._guarded(self._perform, self.session.drain())
+
     def shutdown(self) -> None:
         """The daemon is stopping: cancel this session's execution (it gets its done), then close.
         A connection still in its handshake (its request, whole, would get 503) is closed now:

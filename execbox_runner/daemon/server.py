@@ -505,11 +505,14 @@ class Daemon:
             await trio.sleep(LIVE_STATE_INTERVAL_S)
 
     async def drain(self) -> None:
-        """Stop gracefully: new sessions get 503 (and /readyz fails) at once; running
-        executions have ``drain_grace`` seconds to finish; then the rest are cancelled
-        (each still gets its ``done``) and every session is closed with 1001; the sessions' records
-        are written out (their last lines and summaries) before the daemon stops."""
+        """Stop gracefully: new sessions get 503 (and /readyz fails) at once, and open ones start no
+        new execution (each closes with 1001 once idle); running executions have ``drain_grace``
+        seconds to finish; then the rest are cancelled (each still gets its ``done``) and every
+        session is closed with 1001; the sessions' records are written out (their last lines and
+        summaries) before the daemon stops."""
         self.state.draining = True
+        for connection in list(self.connections):
+            connection.drain()
         with trio.move_on_after(self.settings.drain_grace):
             while any(c.session.execution_id is not None for c in self.connections):
                 await trio.sleep(DRAIN_POLL_S)

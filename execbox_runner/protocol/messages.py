@@ -35,6 +35,11 @@ ERROR_CODES: Final[frozenset[str]] = frozenset(ErrorCode.__args__)  # type: igno
 # unbounded one (1e400 parses as infinity) would reach the worker as a budget.
 MAX_SAFE_INTEGER: Final = 2**53 - 1
 PositiveNumber = Annotated[float, Meta(gt=0, le=MAX_SAFE_INTEGER)]
+# A whole number in either JSON spelling: JavaScript has one number type, so 67108864.0 and 1e8 are
+# the integers they write (as some hosts' encoders do, and as JSON Schema's "integer" allows).
+PositiveWholeNumber = (
+    Annotated[int, Meta(gt=0, le=MAX_SAFE_INTEGER)] | Annotated[float, Meta(gt=0, le=MAX_SAFE_INTEGER, multiple_of=1)]
+)
 # A log limit may be any finite number a JavaScript host can write (hosts pass
 # Number.MAX_SAFE_INTEGER or more to mean "no limit"): the session cuts it to a
 # whole number and to the largest this runner keeps.
@@ -78,7 +83,7 @@ class RuntimeOptions(Struct, frozen=True):
     """``ExecutorRuntimeOptions``: the limits of one execution."""
 
     timeoutMs: PositiveNumber
-    memoryLimitBytes: Annotated[int, Meta(gt=0, le=MAX_SAFE_INTEGER)]
+    memoryLimitBytes: PositiveWholeNumber
     maxLogLines: LogLimit
     maxLogChars: LogLimit
 
@@ -86,9 +91,14 @@ class RuntimeOptions(Struct, frozen=True):
 # ---------------------------------------------------------------- host -> runner
 
 
+# The globals JavaScript fixes (not configurable), which no provider can become.
+FIXED_GLOBALS: Final = ("undefined", "NaN", "Infinity")
+
+
 class Execute(Struct, tag="execute", tag_field="type", frozen=True):
     """Provider names, and tool names within a provider, must be unique: each
-    becomes one guest global or property, so a repeat would silently shadow."""
+    becomes one guest global or property, so a repeat would silently shadow.
+    A provider cannot be named undefined, NaN or Infinity, globals JavaScript fixes."""
 
     id: str
     code: str
@@ -99,6 +109,10 @@ class Execute(Struct, tag="execute", tag_field="type", frozen=True):
         names = [provider.name for provider in self.providers]
         if len(set(names)) != len(names):
             raise ValueError("provider names must be unique")
+        if fixed := [name for name in FIXED_GLOBALS if name in names]:
+            raise ValueError(
+                f"a provider cannot be named {fixed[0]}: JavaScript's global {fixed[0]} cannot be replaced"
+            )
         for provider in self.providers:
             tools = [tool.safeName for tool in provider.tools.values()]
             if len(set(tools)) != len(tools):

@@ -188,7 +188,8 @@ class Session:
         # the host as they arrive, each also in the ``done``.
         self.live_logs = False
         self._exec: _Execution | None = None
-        self._shutting_down = False
+        self._draining = False  # the daemon drains: no new execution, the session closes once idle
+        self._shutting_down = False  # ... and the running execution is cancelled
         # Tool calls sent on this connection: their ids are unique within it, so that a late
         # ``tool_result`` for an execution that ended can never answer a later one's call.
         self._calls = 0
@@ -241,11 +242,12 @@ class Session:
                 "validation_error",
                 f"timeoutMs {_plain(options.timeoutMs)} exceeds this runner's maximum of {_plain(self.max_timeout_ms)}",
             )
-        if options.memoryLimitBytes > self.max_memory_limit_bytes:
+        memory_limit = int(options.memoryLimitBytes)
+        if memory_limit > self.max_memory_limit_bytes:
             return _rejected(
                 message.id,
                 "validation_error",
-                f"memoryLimitBytes {options.memoryLimitBytes} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
+                f"memoryLimitBytes {memory_limit} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
             )
         deadline = now + options.timeoutMs / 1000
         # Any log limit a host can write works, as the largest this runner keeps (see ``LogLimit``).
@@ -272,7 +274,7 @@ class Session:
         run = ipc.Run(
             code=message.code,
             budget_s=options.timeoutMs / 1000,
-            memory_limit=options.memoryLimitBytes,
+            memory_limit=memory_limit,
             max_log_lines=max_log_lines,
             max_log_chars=max_log_chars,
             providers=providers,
@@ -319,9 +321,12 @@ class Session:
         return _rejected(exec_id, "internal_error", ALREADY_ACTIVE_MESSAGE)
 
     def _fail_and_close(self, now: float, code: int, reason: str) -> list[Action]:
-        """A frame nobody can act on: fail the active execution, then close."""
+        """A frame nobody can act on: fail the active execution, then close. One already cancelled or
+        past its deadline has its outcome, as when its worker is lost: ``timeout``."""
         actions: list[Action] = []
-        if self._exec is not None:
+        if self.phase is Phase.ABORTING:
+            actions = self._finish_timeout(now, ReleaseWorker())
+        elif self._exec is not None:
             actions = self._conclude(now, ReleaseWorker(), "validation_error", f"Protocol error: {reason}")
         self.phase = Phase.CLOSED
         actions.append(CloseTransport(code, _close_reason(reason)))
@@ -455,10 +460,22 @@ class Session:
             release,
             _record(ex, now, "ok" if code is None else "error", code),
         ]
-        if self._shutting_down:
+        if self._draining:
             self.phase = Phase.CLOSED
             actions.append(CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE))
         return actions
+
+    def drain(self) -> list[Action]:
+        """The daemon drains: a running execution may still finish, but none starts after it, as it
+        could not finish either. The connection closes with 1001 once idle (now, if it is), and the
+        host takes its next execute to another runner."""
+        if self.phase is Phase.CLOSED or self._draining:
+            return []
+        self._draining = True
+        if self._exec is not None:
+            return []  # the close follows its done
+        self.phase = Phase.CLOSED
+        return [CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE)]
 
     def shutdown(self, now: float) -> list[Action]:
         """The daemon is stopping: a running execution is cancelled (it still gets its
@@ -467,11 +484,9 @@ class Session:
             return []
         self._shutting_down = True
         if self.phase is Phase.RUNNING:
+            self._draining = True
             return self._abort(now, self.cancel_grace)
-        if self.phase is Phase.ABORTING:
-            return []  # its done is on the way, and the close follows it
-        self.phase = Phase.CLOSED
-        return [CloseTransport(CLOSE_GOING_AWAY, SHUTDOWN_MESSAGE)]
+        return self.drain()  # an aborting execution's done is on the way, and the close follows it
 
     def _end(self) -> None:
         self._exec = None

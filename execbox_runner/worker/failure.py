@@ -67,6 +67,12 @@ def guest_failure(
     return "runtime_error", message + _where(program, _GUEST_FRAME.search(engine_stack))
 
 
+def out_of_memory(text: str, *, refused: bool | None) -> bool:
+    """Whether the exception ``text`` that escaped an engine call is the memory limit's: an allocation
+    was ``refused`` (None: refusals are not counted, so its text says)."""
+    return bool(refused) or (refused is None and text.partition("\n")[0] in _ESCAPED_OUT_OF_MEMORY)
+
+
 def escaped_failure(text: str, program: Program, *, refused: bool | None) -> tuple[ErrorCode, str]:
     """An exception that escaped an engine call: raised by the engine, never a guest's value.
 
@@ -75,7 +81,7 @@ def escaped_failure(text: str, program: Program, *, refused: bool | None) -> tup
     syntax error in the guest's code.
     """
     first_line, _, rest = text.partition("\n")
-    if refused or (refused is None and first_line in _ESCAPED_OUT_OF_MEMORY):
+    if out_of_memory(text, refused=refused):
         return "memory_limit", MEMORY_MESSAGE
     message = first_line.split(": ", 1)[1] if ": " in first_line else first_line
     if message == STACK_OVERFLOW:

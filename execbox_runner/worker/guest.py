@@ -33,7 +33,7 @@ import quickjs
 from ..protocol import ipc
 from ..protocol.messages import ErrorCode
 from . import logring, native
-from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure
+from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure, out_of_memory
 from .logring import CAPACITY
 from .normalize import normalize, standalone
 from .runtime import BOOTSTRAP_KEY, MAX_STACK_BYTES, PARSE_STACK_BYTES, Runtime, fresh_runtime
@@ -192,9 +192,9 @@ class GuestRun:
                 self.ring.close()
             self.ring = None
         self.memory = native.MemoryLimit(self.context, run.memory_limit)
+        self._refusals_before = 0  # refusals when the guest last resumed
         self.program = normalize(run.code, self._compiles)
         _shrinking.started()
-        self._refusals_before = 0  # refusals when the guest last resumed
         self._resumed = False  # whether a tool result has resumed the guest
         self.waiting: set[int] = set()  # tool calls the guest awaits
         self.finished: ipc.Finished | None = None
@@ -274,13 +274,20 @@ class GuestRun:
         """Evaluate ``text``, a wrapping of the guest's code that runs none of it, with the engine's
         stack bounded (``PARSE_STACK_BYTES``). Raises ``_TooDeep`` when it nests too deeply: the
         parser ran out of stack, or failed at a point that moves when it has half as much (QuickJS
-        reports some of those as a syntax error where it stopped, "missing formal parameter")."""
+        reports some of those as a syntax error where it stopped, "missing formal parameter").
+        Running out of memory is not nesting, though it too fails elsewhere with half the stack: it
+        is raised as it came, for ``memory_limit``."""
         try:
             return self.context.eval(text)
         except quickjs.StackOverflow:
             raise _TooDeep from None
         except quickjs.JSException as exc:
-            if not _thrown_zero(exc) and self._fails_otherwise(text, str(exc)):
+            failure = str(exc)
+            if (
+                not _thrown_zero(exc)
+                and not out_of_memory(failure, refused=self._refused())
+                and self._fails_otherwise(text, failure)
+            ):
                 raise _TooDeep from None
             raise
 
