@@ -615,6 +615,19 @@ async def test_local_runner_async() -> None:
         await Runner.connect(url).execute("1")
 
 
+def test_a_local_runner_killed_is_started_again_even_while_it_is_still_dying() -> None:
+    """Just after a SIGKILL the daemon refuses connections before it has exited: the next execution
+    waits for its end and starts another rather than failing with RunnerUnavailable."""
+    with Runner.local() as runner:
+        for index in range(5):
+            [daemon] = [
+                pid for pid in children_of(os.getpid()) if b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ]
+            os.kill(daemon, signal.SIGKILL)  # the private daemon this test started
+            result = runner.execute_sync(f"{index} + 1")
+            assert (result.ok, result.result) == (True, index + 1), result.error
+
+
 def test_a_local_runner_stops_by_itself_when_its_host_process_is_killed() -> None:
     """A host killed with SIGKILL cannot stop its private daemon: the daemon sees its owner gone, drains
     and exits, with its workers, rather than serving on as an orphan."""

@@ -70,10 +70,17 @@ class LocalDaemon:
         self._endpoint = url, token
         return self._endpoint
 
-    def exited(self) -> bool:
-        """Whether the daemon, once started, has exited since (killed, crashed) without ``stop``."""
+    def exited(self, within: float = 0.0) -> bool:
+        """Whether the daemon, once started, has exited since (killed, crashed) without ``stop``;
+        waiting up to ``within`` seconds for it to: a daemon just killed refuses connections a
+        moment before it has exited."""
         process = self._process
-        return process is not None and process.poll() is not None
+        if process is None:
+            return False
+        if within > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(within)
+        return process.poll() is not None
 
     def restarted(self) -> tuple[str, str]:
         """Start the daemon again if it has exited; its URL and token either way. Executions that

@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from ..protocol import extensions
 from ..protocol.messages import Execute, RuntimeOptions
 from . import tracing
-from .errors import QuotaExceeded, RunnerBusy, RunnerError
+from .errors import QuotaExceeded, RunnerBusy, RunnerError, RunnerUnavailable
 from .events import DoneEvent, Event, LogEvent, Observer, ToolCallEvent
 from .execution import ExecuteResult, Execution
 from .local import LocalDaemon
@@ -52,6 +52,7 @@ DEFAULT_LIMITS: Final[Limits] = {
 }
 RETRY_BACKOFF_S: Final = 0.25  # the first wait of a retried handshake without Retry-After, doubled each time
 MAX_RETRY_WAIT_S: Final = 30.0
+DYING_S: Final = 2.0  # how long a private daemon that refuses connections is given to finish exiting
 # The handshake header that asks a runner for live logs (runners without them ignore it).
 LIVE_LOGS: Final = ((extensions.HEADER, extensions.LIVE_LOGS),)
 # The wire's spellings of the limits (``RuntimeOptions``), as a caller may write them by mistake.
@@ -231,12 +232,15 @@ class Runner:
     async def _open(self, headers: tuple[tuple[str, str], ...], retry_by: float) -> WebSocket:
         """The execution's connection; a busy or over-quota refusal retried as ``retries`` says, if
         the wait ends by ``retry_by`` (the execution's timeout, as the TypeScript client does), and
-        a private daemon that has exited started again first."""
+        a private daemon that has exited started again first (also one found exiting as it refuses
+        the connection)."""
         attempt = 0
+        restarted = False
         while True:
             try:
                 if self._daemon is not None and self.url and self._daemon.exited():
                     self._started(await anyio.to_thread.run_sync(self._daemon.restarted))
+                    restarted = True
                 return await WebSocket.open(
                     self._url(),
                     token=self.token,
@@ -244,6 +248,10 @@ class Runner:
                     connect_timeout=self.connect_timeout,
                     headers=headers,
                 )
+            except RunnerUnavailable:
+                daemon = self._daemon
+                if daemon is None or restarted or not await anyio.to_thread.run_sync(daemon.exited, DYING_S):
+                    raise
             except (QuotaExceeded, RunnerBusy) as refused:
                 wait = min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S)
                 if attempt >= self.retries or anyio.current_time() + wait > retry_by:
