@@ -63,6 +63,25 @@ def test_execute_sends_started_then_starts_a_run_with_the_limits() -> None:
     )
 
 
+def test_an_execute_the_runner_does_not_admit_ends_at_once_without_starting() -> None:
+    reasons: list[str | None] = ["tenant t is at a quota", None]
+    session = Session(admit=lambda: reasons.pop(0))
+    actions = session.receive_text(execute("refused"), 5.0)
+    assert sent(actions) == [
+        {
+            "type": "done",
+            "id": "refused",
+            "ok": False,
+            "durationMs": 0,
+            "logs": [],
+            "error": {"code": "internal_error", "message": "tenant t is at a quota"},
+        }
+    ]
+    assert not any(isinstance(action, StartRun) for action in actions) and session.execution_id is None
+    assert sent(session.receive_text(execute("admitted"), 6.0)) == [{"type": "started", "id": "admitted"}]
+    assert reasons == []  # asked once for each
+
+
 def test_tool_calls_are_numbered_and_results_correlated_once() -> None:
     session = started_session()
     assert sent(session.worker_tool_calls(calls(1, 2), 0.1)) == [

@@ -30,6 +30,7 @@ acme-2  tenant=acme
 globex-1  tenant=globex  executions_per_minute=3
 initech-1  tenant=initech  cpu_seconds_per_minute=1
 plain-token
+umbrella-1  tenant=umbrella  executions_per_minute=2
 """
 
 
@@ -132,6 +133,30 @@ def test_executions_per_minute_and_the_clients_typed_error_and_retry(daemon: Dae
     lines = daemon.json_lines(lambda lines: any(line.get("tenant") == "globex" for line in lines))
     assert any(line.get("tenant") == "globex" and line.get("outcome") == "ok" for line in lines)
     assert not any("globex-1" in json.dumps(line) for line in lines)  # the name, never the token
+
+
+def test_a_session_kept_open_cannot_run_past_its_tenants_quota(daemon: Daemon) -> None:
+    """Quotas hold for every execution, not only at the handshake: a host that keeps one session
+    open gets, past the quota, a ``done`` with ``internal_error`` naming it (nothing started)."""
+    with client(daemon.url, **bearer("umbrella-1")) as ws:
+        for index in range(2):
+            assert run_to_done(ws, f"within-{index}", "1")["ok"]
+        ws.send(execute("past", "globalThis.ran = 1"))
+        done = receive(ws)
+        assert (done["type"], done["id"], done["ok"], done["error"]["code"]) == (
+            "done",
+            "past",
+            False,
+            "internal_error",
+        )
+        message = done["error"]["message"]
+        assert message.startswith("tenant umbrella started 2 executions in the last minute: try again in ")
+        assert message.endswith(" s (quota executions_per_minute)")
+        ws.send(execute("bad", "1", timeoutMs=-1))  # an execute that is wrong says so first
+        assert receive(ws)["error"]["code"] == "validation_error"
+    assert refused(daemon.url, "umbrella-1")[2]["quota"] == "executions_per_minute"
+    with client(daemon.url, **bearer("plain-token")) as other:  # another tenant's session is served
+        assert run_to_done(other, "other", "2")["result"] == 2
 
 
 def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> None:

@@ -119,6 +119,7 @@ class Connection:
             max_output_bytes=settings.max_output_bytes,
             max_timeout_ms=settings.max_timeout_ms,
             max_memory_limit_bytes=settings.max_memory_limit_bytes,
+            admit=self._admission,
         )
         self.tenant_name = ""  # whose token the session bears (``tenants``; set at the handshake)
         self.tenant = ""  # executions of different tenants never share a worker, unless told to
@@ -176,6 +177,15 @@ class Connection:
                 extra={"correlation_id": self.correlation_id} if self._counted else None,
             )
         self._guarded(self._end)
+
+    def _admission(self) -> str | None:
+        """(The session, as an execute arrives.) Why this session's tenant may start no execution now,
+        at one of its quotas (checked at the handshake, and again here: a session runs many); or None."""
+        over = self.ledger.refusal(self.tenant_name, self._reactor.now(), opening=False)
+        if over is None:
+            return None
+        quota, wait_s, message = over
+        return f"{message}: try again in {math.ceil(wait_s)} s (quota {quota})"
 
     def stalled(self) -> None:
         """The peer read nothing of what was written to it for ``--send-timeout`` seconds: it is dropped."""

@@ -138,12 +138,14 @@ class Ledger:
         self._quotas = {tenant.name: tenant for tenant in tenants if _has_quotas(tenant)}
         self._usage: dict[str, _Usage] = {name: _Usage() for name in self._quotas}
 
-    def refusal(self, name: str, now: float) -> tuple[str, float, str] | None:
-        """(quota, seconds until it may allow a session, message) when ``name`` is at a quota; else None."""
+    def refusal(self, name: str, now: float, *, opening: bool = True) -> tuple[str, float, str] | None:
+        """(quota, seconds until it may allow one, message) when ``name`` is at a quota; else None.
+        ``opening``: for a session to open (every quota); else for an execution on an open session
+        (every quota but ``max_sessions``, which that session is already counted in)."""
         tenant, usage = self._quotas.get(name), self._usage.get(name)
         if tenant is None or usage is None:
             return None
-        if tenant.max_sessions is not None and usage.sessions >= tenant.max_sessions:
+        if opening and tenant.max_sessions is not None and usage.sessions >= tenant.max_sessions:
             return "max_sessions", 1.0, f"tenant {name} has its maximum of {tenant.max_sessions} sessions open"
         started = self._window(usage, now)
         if tenant.executions_per_minute is not None and len(started) >= tenant.executions_per_minute:
