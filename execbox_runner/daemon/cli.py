@@ -10,6 +10,7 @@ a missing file.
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import json
 import logging
@@ -32,6 +33,11 @@ from .startup import listening_line
 log = logging.getLogger("execbox_runner")
 
 
+# What to do about an address serve cannot listen on, by the error's errno.
+LISTEN_ADVICE: Final = {
+    errno.EADDRINUSE: " (another process listens there: stop it, or choose another port)",
+    errno.EADDRNOTAVAIL: " (not an address of this host: check --host and --metrics-host)",
+}
 SETTINGS_DESCRIPTION: Final = (
     "Every setting below is a flag, an environment variable EXECBOX_RUNNER_<SETTING> and a key of the --config file;"
     " a flag wins over the variable, which wins over the file."
@@ -241,8 +247,10 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
         while isinstance(cause, BaseExceptionGroup):
             cause = cause.exceptions[0]
         address = cause.address if isinstance(cause, CannotListen) else f"{settings.host}:{settings.port}"
+        advice = LISTEN_ADVICE.get(cause.errno, "") if isinstance(cause, OSError) and cause.errno else ""
         print(
-            f"execbox-runner: cannot serve on {address}: {getattr(cause, 'strerror', None) or cause}", file=sys.stderr
+            f"execbox-runner: cannot serve on {address}: {getattr(cause, 'strerror', None) or cause}{advice}",
+            file=sys.stderr,
         )
         status = EXIT_FAILURE
     except* KeyboardInterrupt:
