@@ -27,6 +27,7 @@ pytest.importorskip("mcp")
 import mcp_types
 from mcp import Client, StdioServerParameters
 
+from execbox_runner import __version__
 from execbox_runner.client import Providers, Runner
 from execbox_runner.mcp.codemode import Bounds, CodeMode
 from execbox_runner.mcp.config import UpstreamServer
@@ -283,6 +284,8 @@ def free_port() -> int:
 
 async def code_mode_session(client: Client) -> list[mcp_types.CallToolResult]:
     """What an MCP client does with code mode: list the two tools, search, run code."""
+    assert client.server_info is not None  # it says which server it is, and of which version
+    assert (client.server_info.name, client.server_info.version) == ("execbox-code-mode", __version__)
     listed = await client.list_tools()
     assert sorted(tool.name for tool in listed.tools) == ["execute_code", "search_tools"]
     found = await client.call_tool("search_tools", {"query": "add numbers"})

@@ -20,6 +20,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
+from .. import __version__
 from ..client import ApprovalRequest, Runner
 from .access import Access, Guard, default_hosts
 from .approval import Approval, question, verdict
@@ -37,7 +38,9 @@ def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode", round
     """An ``MCPServer`` whose two tools are ``code_mode``'s. ``rounds`` asks clients of the stateless
     protocol for approvals (without it, their calls of tools that need approval are refused)."""
     namespaces = ", ".join(code_mode.namespaces) or "none"
-    server: MCPServer = MCPServer(name, instructions=f"Code mode over MCP servers; namespaces: {namespaces}.")
+    server: MCPServer = MCPServer(
+        name, version=__version__, instructions=f"Code mode over MCP servers; namespaces: {namespaces}."
+    )
 
     async def execute_code(
         code: Annotated[str, Field(description="JavaScript; the value of the last expression is the result")],
