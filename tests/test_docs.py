@@ -152,3 +152,16 @@ def test_ci_runs_the_readmes_test_command() -> None:
     assert install_and_serve.endswith("execbox-runner serve")
     assert "build.py" not in install_and_serve  # a first run needs no C toolchain
     assert tests in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_names_every_tool_the_suite_needs() -> None:
+    """A newcomer who runs the README's test command on a fresh machine is told beforehand what the
+    suite needs beside Python: every tool `.ci/run` installs for it, and kubectl."""
+    ci = (REPO / ".ci" / "run").read_text()
+    installed = re.search(r"for tool in ([^;]+);", ci)
+    assert installed is not None, "`.ci/run` no longer lists the tools it installs"
+    tools = {entry.split(":")[0] for entry in installed.group(1).split()} | {"kubectl"}
+    for page in ("README.md", "CONTRIBUTING.md"):
+        text = (REPO / page).read_text()
+        assert "as root" in text, page
+        assert not [tool for tool in tools if f"`{tool}`" not in text], page
