@@ -53,7 +53,7 @@ def add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         epilog=exit_statuses(
             failure="a wrapped server or the runner could not be started or reached, or the port cannot be bound",
             usage="a bad flag or value, a missing or invalid --config, the mcp extra not installed, HTTP off"
-            " loopback without --http-token-file",
+            " loopback without a token (--http-token-file, --http-token) or --allow-unauthenticated",
             ok="stopped (stdio closed, SIGINT or SIGTERM)",
         )
         + """
