@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 import textwrap
 from typing import Final
 
@@ -26,6 +27,13 @@ def exit_statuses(failure: str | None, usage: str, ok: str = "ok") -> str:
     ``failure`` is ``None`` for a command that never fails once its arguments are good."""
     lines = ["exit status:", f"  0  {ok}", *([f"  1  {failure}"] if failure else [])]
     return "\n".join([*lines, f"  2  a usage or configuration error: {usage}"])
+
+
+def install_extra(extra: str) -> str:
+    """How to install an optional extra into the environment running this command. execbox-runner
+    is installed from a checkout (it is not on a package index), so the command names the checkout
+    and this environment's own Python, not ``pip install execbox-runner[...]``."""
+    return f"install the {extra} extra: in the checkout, {sys.executable} -m pip install -e '.[{extra}]'"
 
 
 class HelpFormatter(argparse.HelpFormatter):

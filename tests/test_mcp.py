@@ -456,6 +456,20 @@ def test_without_the_extra_nothing_imports_mcp() -> None:
     assert "'mcp'" not in loaded.stdout and "'mcp_types'" not in loaded.stdout
 
 
+def test_without_the_extra_the_command_says_how_to_install_it(tmp_path: Path) -> None:
+    """execbox-runner is installed from a checkout, so the advice is a pip command for the checkout
+    and this environment's Python, not a package index's name."""
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"x": {"command": "true"}}}))
+    code = f"import sys; sys.modules['mcp'] = None; from execbox_runner.cli import main; sys.exit(main(['mcp', '--config', {str(config)!r}]))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert done.stderr.startswith("execbox-runner mcp: ")
+    assert done.stderr.endswith(
+        f"; install the mcp extra: in the checkout, {sys.executable} -m pip install -e '.[mcp]'\n"
+    )
+
+
 def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
     config = tmp_path / "servers.json"
     config.write_text(json.dumps({"mcpServers": {"x": {"command": "a", "url": "http://b"}}}))

@@ -32,6 +32,7 @@ from ..commandline import (
     HelpFormatter,
     count,
     exit_statuses,
+    install_extra,
     milliseconds,
     port,
     seconds,
@@ -162,7 +163,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         from .codemode import Bounds  # noqa: PLC0415
         from .server import serve  # noqa: PLC0415
     except ImportError as exc:
-        print(f"{PROG}: {exc}; install it with: pip install 'execbox-runner[mcp]'", file=sys.stderr)
+        print(f"{PROG}: {exc}; {install_extra('mcp')}", file=sys.stderr)
         return EXIT_USAGE
     access = None
     if args.transport == "http":
