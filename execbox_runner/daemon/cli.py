@@ -26,8 +26,8 @@ from . import config, supervisor
 from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
 from .observability import logs
-from .report import UNSAFE_SETTINGS, HostReport, host_report
-from .server import ConfigurationError, Daemon, size, tls_context, url
+from .report import UNSAFE_SETTINGS, HostReport, accepted_tokens, host_report
+from .server import ConfigurationError, Daemon, refuse_unauthenticated, size, tls_context, url
 from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
@@ -217,8 +217,9 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
     """``serve`` or ``info``; ``argv`` as the shards of a supervisor get it."""
     try:
         settings = config.resolve(args)
-        if args.command == "info":
-            tls_context(settings)  # a certificate serve would refuse
+        if args.command == "info":  # what serve would refuse
+            tls_context(settings)
+            refuse_unauthenticated(settings, accepted_tokens(settings))
         else:
             logs.configure(settings.log_level, settings.log_format == "json")
             daemon = Daemon(settings)
