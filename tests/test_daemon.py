@@ -237,7 +237,7 @@ def test_help_documents_every_flag() -> None:
     [
         ("127.0.0.1", "Address already in use (another process listens there: stop it, or choose another port)"),
         # TEST-NET-1 (RFC 5737): documentation only, never a host's own address
-        ("192.0.2.1", "Cannot assign requested address (not an address of this host: check --host and --metrics-host)"),
+        ("192.0.2.1", "Cannot assign requested address (not an address of this host: check the host given)"),
     ],
     ids=["taken port", "not this host's address"],
 )

@@ -10,7 +10,6 @@ a missing file.
 from __future__ import annotations
 
 import argparse
-import errno
 import gc
 import json
 import logging
@@ -21,7 +20,7 @@ from typing import Final
 
 import trio
 
-from ..commandline import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, HelpFormatter, exit_statuses
+from ..commandline import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, HelpFormatter, cannot_listen, exit_statuses
 from . import config, supervisor
 from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
@@ -33,11 +32,6 @@ from .startup import listening_line
 log = logging.getLogger("execbox_runner")
 
 
-# What to do about an address serve cannot listen on, by the error's errno.
-LISTEN_ADVICE: Final = {
-    errno.EADDRINUSE: " (another process listens there: stop it, or choose another port)",
-    errno.EADDRNOTAVAIL: " (not an address of this host: check --host and --metrics-host)",
-}
 SETTINGS_DESCRIPTION: Final = (
     "Every setting below is a flag, an environment variable EXECBOX_RUNNER_<SETTING> and a key of the --config file;"
     " a flag wins over the variable, which wins over the file."
@@ -248,11 +242,8 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
         while isinstance(cause, BaseExceptionGroup):
             cause = cause.exceptions[0]
         address = cause.address if isinstance(cause, CannotListen) else f"{settings.host}:{settings.port}"
-        advice = LISTEN_ADVICE.get(cause.errno, "") if isinstance(cause, OSError) and cause.errno else ""
-        print(
-            f"execbox-runner: cannot serve on {address}: {getattr(cause, 'strerror', None) or cause}{advice}",
-            file=sys.stderr,
-        )
+        assert isinstance(cause, OSError)  # what `except* OSError` holds
+        print(f"execbox-runner: {cannot_listen(address, cause)}", file=sys.stderr)
         status = EXIT_FAILURE
     except* KeyboardInterrupt:
         status = EXIT_FAILURE  # Ctrl-C before the signal handlers were in place: stopped at once

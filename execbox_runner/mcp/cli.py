@@ -85,7 +85,8 @@ examples:
         "--port",
         type=port,
         default=8000,
-        help="port for --transport http, whose endpoint is /mcp; 0 picks a free port (default: %(default)s)",
+        help="port for --transport http, whose endpoint is /mcp (its URL is said on stderr); 0 picks a free port"
+        " (default: %(default)s)",
     )
     serving.add_argument(
         "--http-token",
@@ -161,7 +162,7 @@ def run_mcp(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:  # imported here: the `mcp` SDK is an optional extra, needed by this command only
         from .codemode import Bounds  # noqa: PLC0415
-        from .server import serve  # noqa: PLC0415
+        from .server import CannotServe, serve  # noqa: PLC0415
     except ImportError as exc:
         print(f"{PROG}: {exc}; {install_extra('mcp')}", file=sys.stderr)
         return EXIT_USAGE
@@ -207,8 +208,10 @@ def run_mcp(args: argparse.Namespace) -> int:
         anyio.run(main)
     except* KeyboardInterrupt:
         pass
-    except* (ConnectionError, RunnerError) as group:  # task groups of the SDK may wrap them
+    except* (ConnectionError, RunnerError, CannotServe) as group:  # task groups (ours, the SDK's) may wrap them
         failure = group.exceptions[0]
+        while isinstance(failure, ExceptionGroup):
+            failure = failure.exceptions[0]
     except* SystemExit:  # uvicorn's, when it cannot start (it has logged why): not its status 3
         failure = f"cannot serve MCP clients on http://{args.host}:{args.port}/mcp"
     if failure is not None:
