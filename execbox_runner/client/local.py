@@ -75,6 +75,17 @@ class LocalDaemon:
         process = self._process
         return process is not None and process.poll() is not None
 
+    def exited_within(self, seconds: float) -> bool:
+        """Whether the daemon has exited, waiting up to ``seconds`` for one that is on its way out."""
+        process = self._process
+        if process is None:
+            return False
+        try:
+            process.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def restarted(self) -> tuple[str, str]:
         """Start the daemon again if it has exited; its URL and token either way. Executions that
         find it gone at the same time start one daemon between them."""

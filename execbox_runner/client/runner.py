@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from ..protocol import extensions
 from ..protocol.messages import Execute, RuntimeOptions
 from . import tracing
-from .errors import QuotaExceeded, RunnerBusy, RunnerError
+from .errors import QuotaExceeded, RunnerBusy, RunnerError, RunnerUnavailable
 from .events import DoneEvent, Event, LogEvent, Observer, ToolCallEvent
 from .execution import ExecuteResult, Execution
 from .local import LocalDaemon
@@ -52,6 +52,9 @@ DEFAULT_LIMITS: Final[Limits] = {
 }
 RETRY_BACKOFF_S: Final = 0.25  # the first wait of a retried handshake without Retry-After, doubled each time
 MAX_RETRY_WAIT_S: Final = 30.0
+# How long an execution that cannot reach its private daemon waits for it to finish exiting (killed,
+# crashed: its port closes a moment before the process can be reaped) before starting another.
+DYING_WAIT_S: Final = 2.0
 # The handshake header that asks a runner for live logs (runners without them ignore it).
 LIVE_LOGS: Final = ((extensions.HEADER, extensions.LIVE_LOGS),)
 # The wire's spellings of the limits (``RuntimeOptions``), as a caller may write them by mistake.
@@ -233,6 +236,7 @@ class Runner:
         the wait ends by ``retry_by`` (the execution's timeout, as the TypeScript client does), and
         a private daemon that has exited started again first."""
         attempt = 0
+        restarted = False
         while True:
             try:
                 if self._daemon is not None and self.url and self._daemon.exited():
@@ -244,6 +248,14 @@ class Runner:
                     connect_timeout=self.connect_timeout,
                     headers=headers,
                 )
+            except RunnerUnavailable:
+                # A private daemon that cannot be reached is on its way out: once it has exited, start
+                # it again (once), as the check above does for one already gone.
+                if self._daemon is None or restarted:
+                    raise
+                if not await anyio.to_thread.run_sync(self._daemon.exited_within, DYING_WAIT_S):
+                    raise
+                restarted = True
             except (QuotaExceeded, RunnerBusy) as refused:
                 wait = min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S)
                 if attempt >= self.retries or anyio.current_time() + wait > retry_by:
