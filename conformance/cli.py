@@ -18,6 +18,7 @@ import re
 import ssl
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Final, NoReturn
 
@@ -53,6 +54,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _kit_version() -> str:
+    """The version of the execbox-runner distribution that ships this kit, for a CI log to name the
+    kit that checked a runner."""
+    try:
+        return version("execbox-runner")
+    except PackageNotFoundError:  # run from a checkout (python -m conformance) without installing it
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -62,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "2 no verdict (usage, transcripts, or the runner cannot be reached). "
         f"Transcript format: {BUILTIN_TRANSCRIPTS / 'README.md'}",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_kit_version()}")
     parser.add_argument(
         "url",
         nargs="?",

@@ -8,8 +8,10 @@ be reached or went away); 2 a usage or configuration error.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import re
+import sys
 import textwrap
 from typing import Final
 
@@ -26,6 +28,26 @@ def exit_statuses(failure: str | None, usage: str, ok: str = "ok") -> str:
     ``failure`` is ``None`` for a command that never fails once its arguments are good."""
     lines = ["exit status:", f"  0  {ok}", *([f"  1  {failure}"] if failure else [])]
     return "\n".join([*lines, f"  2  a usage or configuration error: {usage}"])
+
+
+# What to do about an address a command cannot listen on, by the error's errno.
+LISTEN_ADVICE: Final = {
+    errno.EADDRINUSE: "another process listens there: stop it, or choose another port",
+    errno.EADDRNOTAVAIL: "not an address of this host: check the host given",
+}
+
+
+def cannot_listen(address: str, error: OSError) -> str:
+    """Why a command cannot listen on ``address``, and what to do about it, for its one line."""
+    advice = LISTEN_ADVICE.get(error.errno or 0)
+    return f"cannot serve on {address}: {error.strerror or error}{f' ({advice})' if advice else ''}"
+
+
+def install_extra(extra: str) -> str:
+    """How to install an optional extra into the environment running this command. execbox-runner
+    is installed from a checkout (it is not on a package index), so the command names the checkout
+    and this environment's own Python, not ``pip install execbox-runner[...]``."""
+    return f"install the {extra} extra: in the checkout, {sys.executable} -m pip install -e '.[{extra}]'"
 
 
 class HelpFormatter(argparse.HelpFormatter):

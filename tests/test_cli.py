@@ -16,6 +16,7 @@ import queue
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -194,6 +195,27 @@ def test_exit_statuses_of_exec(daemon: Daemon) -> None:
     one_line(run("exec", "1", "--url", unreachable), 1, f"cannot connect to {unreachable}: connection refused")
 
 
+def test_the_first_errors_a_newcomer_meets_say_what_to_do(daemon: Daemon) -> None:
+    """No token, a wrong token, no runner at the URL: each line ends with the way out."""
+    one_line(
+        run("exec", "1", "--url", daemon.url),
+        2,
+        'HTTP 401: {"error": "unauthorized", "message": "exactly one Authorization header with a valid bearer'
+        ' token is required"}; this runner needs a token: give it with --token or $EXECBOX_RUNNER_TOKEN\n',
+    )
+    wrong = 'token is required"}; the token given is not one this runner accepts\n'
+    one_line(run("exec", "1", "--url", daemon.url, "--token", "wrong"), 2, wrong)
+    one_line(run("replay", str(TRANSCRIPT), "--url", daemon.url, "--token", "wrong"), 2, wrong)
+    port = free_port()
+    nothing = (
+        f"connection refused (nothing listens on 127.0.0.1:{port}); start a runner there with 'execbox-runner serve'"
+    )
+    one_line(
+        run("exec", "1", "--url", f"ws://127.0.0.1:{port}/"), 1, f"{nothing}, or give no URL to run on a private one\n"
+    )
+    one_line(run("replay", str(TRANSCRIPT), "--url", f"ws://127.0.0.1:{port}/"), 1, f"{nothing}\n")
+
+
 def test_the_private_runner_takes_a_timeout_above_a_daemons_default_maximum() -> None:
     """Without --url the runner is exec's own: a budget above serve's default maximum (300 s) runs."""
     done = run("exec", "6 * 7", "--timeout-ms", "600000")
@@ -352,10 +374,8 @@ def test_exit_statuses_of_mcp(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         argv = ("mcp", "--config", str(empty), "--url", "ws://127.0.0.1:1/", "--transport", "http", "--port", str(port))
         done = run(*argv)
-    assert done.returncode == 1, done.stderr
-    assert (
-        done.stderr.splitlines()[-1] == f"execbox-runner mcp: cannot serve MCP clients on http://127.0.0.1:{port}/mcp"
-    )
+    taken_line = f"cannot serve on 127.0.0.1:{port}: Address already in use (another process listens there: stop it,"
+    one_line(done, 1, f"execbox-runner mcp: {taken_line} or choose another port)\n")
 
 
 # ---------------------------------------------------------------- info and the start-up line
@@ -454,7 +474,7 @@ def test_every_setting_is_in_exactly_one_group_and_has_a_default_text() -> None:
 
 
 def test_a_ws_url_to_a_tls_runner_names_the_reason(tmp_path: Path) -> None:
-    certfile, keyfile, _ = certificate(tmp_path)
+    certfile, keyfile, trusted = certificate(tmp_path)
     with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as d:
         plain = d.url.replace("wss://", "ws://")
         one_line(
@@ -462,7 +482,14 @@ def test_a_ws_url_to_a_tls_runner_names_the_reason(tmp_path: Path) -> None:
             1,
             "closed the connection during the handshake (is the runner serving wss://?)",
         )
+        advice = "; to trust the certificate authority that signed it, set SSL_CERT_FILE to its PEM file\n"
         one_line(run("exec", "1", "--url", d.url), 1, "TLS certificate verification failed: ")
+        one_line(run("exec", "1", "--url", d.url), 1, advice)
+        # Following the advice works.
+        authority = tmp_path / "ca.pem"
+        authority.write_text("".join(ssl.DER_cert_to_PEM_cert(der) for der in trusted.get_ca_certs(binary_form=True)))
+        done = run("exec", "6 * 7", "--url", d.url, env={"SSL_CERT_FILE": str(authority)})
+        assert (done.returncode, done.stdout, done.stderr) == (0, "42\n", "")
 
 
 def test_the_engine_is_named_by_its_build(monkeypatch: pytest.MonkeyPatch) -> None:

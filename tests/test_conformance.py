@@ -42,6 +42,8 @@ from execbox_runner_conformance import (
 )
 from execbox_runner_conformance.cli import DEPRECATED_TOKEN_ENV, TOKEN_ENV, URL_ENV
 
+from execbox_runner import __version__
+
 from .daemonkit import running_daemon, scripted_runner, stop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -343,6 +345,11 @@ def test_token_and_headers_reach_a_protected_runner(protected_url: str) -> None:
 def test_an_unauthorized_handshake_is_one_clear_line(protected_url: str, args: list[str]) -> None:
     completed = conformance(protected_url, *args)
     assert_one_line_error(completed, "refused the WebSocket handshake: HTTP 401 Unauthorized", "--token")
+
+
+def test_version_names_the_distribution_that_ships_the_kit() -> None:
+    done = conformance("--version")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"execbox-conformance {__version__}\n", "")
 
 
 def test_an_unreachable_runner_is_one_clear_line() -> None:

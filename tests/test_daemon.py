@@ -247,18 +247,28 @@ def test_help_documents_every_flag() -> None:
         assert flag in out
 
 
-def test_a_taken_port_is_a_clear_error() -> None:
+@pytest.mark.parametrize(
+    ("host", "reason"),
+    [
+        ("127.0.0.1", "Address already in use (another process listens there: stop it, or choose another port)"),
+        # TEST-NET-1 (RFC 5737): documentation only, never a host's own address
+        ("192.0.2.1", "Cannot assign requested address (not an address of this host: check the host given)"),
+    ],
+    ids=["taken port", "not this host's address"],
+)
+def test_an_address_it_cannot_listen_on_is_one_line_saying_what_to_do(host: str, reason: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "execbox_runner", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "execbox_runner", "serve", "--host", host, "--port", str(port), "--tokens", "t"],
             capture_output=True,
             text=True,
             timeout=60,
         )
-    assert result.returncode == 1 and "Address already in use" in result.stderr
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == f"execbox-runner: cannot serve on {host}:{port}: {reason}"
 
 
 def test_a_message_sent_together_with_the_handshake_is_not_lost(daemon: Daemon) -> None:

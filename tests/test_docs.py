@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.cli import build_parser as kit_parser  # the checkout's, which the installed kit copies
 from execbox_runner import client
 
 from .daemonkit import running_daemon
@@ -152,3 +153,30 @@ def test_ci_runs_the_readmes_test_command() -> None:
     assert install_and_serve.endswith("execbox-runner serve")
     assert "build.py" not in install_and_serve  # a first run needs no C toolchain
     assert tests in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_names_every_tool_the_suite_needs() -> None:
+    """A newcomer who runs the README's test command on a fresh machine is told beforehand what the
+    suite needs beside Python: every tool `.ci/run` installs for it, and kubectl."""
+    ci = (REPO / ".ci" / "run").read_text()
+    installed = re.search(r"for tool in ([^;]+);", ci)
+    assert installed is not None, "`.ci/run` no longer lists the tools it installs"
+    tools = {entry.split(":")[0] for entry in installed.group(1).split()} | {"kubectl"}
+    for page in ("README.md", "CONTRIBUTING.md"):
+        text = (REPO / page).read_text()
+        assert "as root" in text, page
+        assert not [tool for tool in tools if f"`{tool}`" not in text], page
+
+
+def test_the_kits_guide_lists_every_option_of_the_command() -> None:
+    """transcripts/README.md's option table, which docs/how-to/conformance.md shows, against the
+    command's own parser (the checkout's, which the installed kit is a copy of)."""
+    options = {
+        option
+        for action in kit_parser()._actions
+        for option in action.option_strings
+        if option.startswith("-") and option not in ("-h", "--help")
+    }
+    guide = (REPO / "transcripts" / "README.md").read_text()
+    listed = set(re.findall(r"^\| `(-[-\w]+)", guide, re.MULTILINE))
+    assert listed == options

@@ -27,6 +27,7 @@ pytest.importorskip("mcp")
 import mcp_types
 from mcp import Client, StdioServerParameters
 
+from execbox_runner import __version__
 from execbox_runner.client import Providers, Runner
 from execbox_runner.mcp.codemode import Bounds, CodeMode
 from execbox_runner.mcp.config import UpstreamServer
@@ -283,6 +284,8 @@ def free_port() -> int:
 
 async def code_mode_session(client: Client) -> list[mcp_types.CallToolResult]:
     """What an MCP client does with code mode: list the two tools, search, run code."""
+    assert client.server_info is not None  # it says which server it is, and of which version
+    assert (client.server_info.name, client.server_info.version) == ("execbox-code-mode", __version__)
     listed = await client.list_tools()
     assert sorted(tool.name for tool in listed.tools) == ["execute_code", "search_tools"]
     found = await client.call_tool("search_tools", {"query": "add numbers"})
@@ -451,6 +454,20 @@ def test_without_the_extra_nothing_imports_mcp() -> None:
     code = "import sys, execbox_runner.cli, execbox_runner.mcp.cli; print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert "'mcp'" not in loaded.stdout and "'mcp_types'" not in loaded.stdout
+
+
+def test_without_the_extra_the_command_says_how_to_install_it(tmp_path: Path) -> None:
+    """execbox-runner is installed from a checkout, so the advice is a pip command for the checkout
+    and this environment's Python, not a package index's name."""
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"x": {"command": "true"}}}))
+    code = f"import sys; sys.modules['mcp'] = None; from execbox_runner.cli import main; sys.exit(main(['mcp', '--config', {str(config)!r}]))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr.count("\n")) == (2, "", 1), done.stderr
+    assert done.stderr.startswith("execbox-runner mcp: ")
+    assert done.stderr.endswith(
+        f"; install the mcp extra: in the checkout, {sys.executable} -m pip install -e '.[mcp]'\n"
+    )
 
 
 def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ pytest.importorskip("mcp")
 
 from execbox_runner.mcp.access import Access, default_hosts, http_access
 
-from .daemonkit import Daemon, running_daemon
+from .daemonkit import Daemon, running_daemon, stop
 from .test_mcp import free_port, listening
 
 TOKEN = "mcp-http-token"
@@ -134,6 +136,25 @@ def test_serving_a_non_loopback_address_without_a_token_is_refused_in_one_line(
     missing = [*argv, "--http-token-file", str(servers_json.parent / "missing")]
     done = subprocess.run(missing, capture_output=True, text=True, timeout=60, env=environment)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and "cannot read" in done.stderr
+
+
+def test_port_0_says_which_port_it_picked(servers_json: Path, daemon: Daemon) -> None:
+    argv = mcp_command(servers_json, daemon, "--port", "0")
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        lines: queue.Queue[str] = queue.Queue()
+        stderr = process.stderr
+        assert stderr is not None
+        threading.Thread(target=lambda: [lines.put(line) for line in stderr], daemon=True).start()
+        serving = "execbox-runner mcp: serving MCP clients on http://127.0.0.1:"
+        while not (line := lines.get(timeout=60)).startswith(serving):
+            pass
+        port = int(line.removeprefix(serving).removesuffix("/mcp\n"))
+        assert initialize(port, {"Host": f"127.0.0.1:{port}"}) == 200
+    finally:
+        stop(process)
 
 
 def initialize(port: int, headers: dict[str, str]) -> int:

@@ -156,7 +156,10 @@ def test_a_taken_metrics_port_is_one_line_and_exit_1() -> None:
         port = taken.getsockname()[1]
         done = run("serve", "--port", "0", "--processes", "1", "--metrics-port", str(port), "--warm-workers", "0")
     assert done.returncode == 1, done.stderr
-    assert done.stderr.splitlines()[-1] == f"execbox-runner: cannot serve on 127.0.0.1:{port}: Address already in use"
+    assert done.stderr.splitlines()[-1] == (
+        f"execbox-runner: cannot serve on 127.0.0.1:{port}: Address already in use"
+        " (another process listens there: stop it, or choose another port)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,11 @@ def test_each_misconfiguration_of_serve_exits_2_with_one_line(args: list[str], e
 
 @pytest.mark.parametrize(
     ("args", "expected"),
-    [(["--port", "70000"], "must be a port number"), (["--sandbox", "on"], "must be a boolean")],
+    [
+        (["--port", "70000"], "must be a port number"),
+        (["--sandbox", "on"], "must be a boolean"),
+        (["--host", "0.0.0.0"], "refusing to serve 0.0.0.0 without authentication: configure --tokens-file"),
+    ],
 )
 def test_info_refuses_the_same_way(args: list[str], expected: str) -> None:
     refused_with_one_line(run("info", *args), expected)

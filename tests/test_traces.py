@@ -5,6 +5,7 @@ spans join the same trace. Without OTEL_* asking for traces, nothing of OpenTele
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -189,6 +190,17 @@ def test_an_exporter_or_protocol_the_runner_does_not_make_is_warned_of(receiver:
         "OTEL_EXPORTER_OTLP_PROTOCOL": "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported: the runner sends its "
         "traces over OTLP/HTTP (OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)",
     }
+
+
+def test_traces_asked_for_without_the_extra_say_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "execbox_runner.daemon.observability.spans", None)  # as if not installed
+    with caplog.at_level(logging.WARNING, logger=tracing.log.name):
+        assert tracing.from_environment({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}) is None
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert warning.startswith("OTEL_* asks for traces, but OpenTelemetry is not installed (")
+    assert warning.endswith(f"): install the otel extra: in the checkout, {sys.executable} -m pip install -e '.[otel]'")
 
 
 def test_traces_are_off_unless_the_environment_asks() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import ssl
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +32,7 @@ from ..commandline import (
     milliseconds,
 )
 from .environment import TOKEN_ENV, URL_ENV, from_environment
-from .errors import RunnerBusy, RunnerError, RunnerRefused
+from .errors import RunnerBusy, RunnerError, RunnerRefused, RunnerUnavailable, Unauthorized
 from .runner import DEFAULT_LIMITS, Runner
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ def run_exec(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except RunnerError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}{advice(exc, token, private_runner=True)}", file=sys.stderr)
         return exit_status(exc)
     except KeyboardInterrupt:  # Ctrl-C: leaving the execution cancelled it on the runner
         print(f"{PROG}: interrupted: the execution was cancelled", file=sys.stderr)
@@ -138,6 +139,27 @@ def exit_status(error: RunnerError) -> int:
     if isinstance(error, RunnerRefused) and not isinstance(error, RunnerBusy) and 400 <= error.status < 500:
         return EXIT_USAGE
     return EXIT_FAILURE
+
+
+def advice(error: RunnerError, token: str | None, *, private_runner: bool = False) -> str:
+    """What to do about ``error``, appended to its line for a person at a shell: the token a runner
+    wants, a runner to start, a certificate authority to trust; empty when there is nothing to add.
+    ``private_runner``: the command runs on a private runner of its own when given no URL."""
+    if isinstance(error, Unauthorized):
+        if token:
+            return "; the token given is not one this runner accepts"
+        return f"; this runner needs a token: give it with --token or ${TOKEN_ENV}"
+    chain: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None:  # the transport raises RunnerUnavailable from the socket's or TLS's error
+        chain.append(link)
+        link = link.__cause__
+    if isinstance(error, RunnerUnavailable) and any(isinstance(cause, ConnectionRefusedError) for cause in chain):
+        private = ", or give no URL to run on a private one" if private_runner else ""
+        return f"; start a runner there with 'execbox-runner serve'{private}"
+    if any(isinstance(cause, ssl.SSLCertVerificationError) for cause in chain):
+        return "; to trust the certificate authority that signed it, set SSL_CERT_FILE to its PEM file"
+    return ""
 
 
 def read_code(argument: str) -> str:

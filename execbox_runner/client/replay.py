@@ -26,7 +26,7 @@ from ..commandline import (
     exit_statuses,
     seconds,
 )
-from .cli import exit_status
+from .cli import advice, exit_status
 from .environment import TOKEN_ENV, URL_ENV, from_environment
 from .errors import RunnerError
 from .transport import WebSocket
@@ -76,7 +76,7 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except RunnerError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}{advice(exc, token)}", file=sys.stderr)
         return exit_status(exc)
     headers = (("Authorization", f"Bearer {token}"),) if token else ()
     try:

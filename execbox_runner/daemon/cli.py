@@ -20,13 +20,13 @@ from typing import Final
 
 import trio
 
-from ..commandline import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, HelpFormatter, exit_statuses
+from ..commandline import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, HelpFormatter, cannot_listen, exit_statuses
 from . import config, supervisor
 from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
 from .observability import logs
-from .report import UNSAFE_SETTINGS, HostReport, host_report
-from .server import ConfigurationError, Daemon, size, tls_context, url
+from .report import UNSAFE_SETTINGS, HostReport, accepted_tokens, host_report
+from .server import ConfigurationError, Daemon, refuse_unauthenticated, size, tls_context, url
 from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
@@ -211,8 +211,9 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
     """``serve`` or ``info``; ``argv`` as the shards of a supervisor get it."""
     try:
         settings = config.resolve(args)
-        if args.command == "info":
-            tls_context(settings)  # a certificate serve would refuse
+        if args.command == "info":  # what serve would refuse
+            tls_context(settings)
+            refuse_unauthenticated(settings, accepted_tokens(settings))
         else:
             logs.configure(settings.log_level, settings.log_format == "json")
             daemon = Daemon(settings)
@@ -241,9 +242,8 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
         while isinstance(cause, BaseExceptionGroup):
             cause = cause.exceptions[0]
         address = cause.address if isinstance(cause, CannotListen) else f"{settings.host}:{settings.port}"
-        print(
-            f"execbox-runner: cannot serve on {address}: {getattr(cause, 'strerror', None) or cause}", file=sys.stderr
-        )
+        assert isinstance(cause, OSError)  # what `except* OSError` holds
+        print(f"execbox-runner: {cannot_listen(address, cause)}", file=sys.stderr)
         status = EXIT_FAILURE
     except* KeyboardInterrupt:
         status = EXIT_FAILURE  # Ctrl-C before the signal handlers were in place: stopped at once

@@ -209,15 +209,23 @@ def tenant_shares(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...])
     return lambda names: shares({name: weights.get(name, 1) for name in names}, cores)
 
 
+def refuse_unauthenticated(settings: Settings, tokens: tuple[bytes, ...]) -> None:
+    """Raise ``ConfigurationError`` for a non-loopback address without tokens, unless
+    ``--allow-unauthenticated true``: serve's rule, which info applies too, so that it reports
+    what serve would do."""
+    if not tokens and not is_loopback(settings.host) and not settings.allow_unauthenticated:
+        raise ConfigurationError(
+            f"refusing to serve {settings.host} without authentication: configure --tokens-file (or --tokens),"
+            " or pass --allow-unauthenticated true"
+        )
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         tenants = accepted_tenants(settings)
         self.tokens = tuple(token for token, _ in tenants)
-        if not self.tokens and not is_loopback(settings.host) and not settings.allow_unauthenticated:
-            raise ConfigurationError(
-                f"refusing to serve {settings.host} without authentication: configure --tokens-file (or --tokens), or pass --allow-unauthenticated true"
-            )
+        refuse_unauthenticated(settings, self.tokens)
         self.tls = tls_context(settings)
         self.reactor = Reactor()
         self.pool = WorkerPool(

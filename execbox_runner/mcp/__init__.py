@@ -1,6 +1,6 @@
 """Code mode for MCP: MCP servers' tools as providers, and an MCP server that runs code against them.
 
-Needs the ``mcp`` extra (``pip install 'execbox-runner[mcp]'``); the modules
+Needs the ``mcp`` extra (``pip install -e '.[mcp]'`` in a checkout); the modules
 import the SDK, this package does not, so ``execbox-runner mcp --help`` works
 without it. Like the client, it never imports the daemon or the worker.
 

@@ -32,6 +32,7 @@ from ..commandline import (
     HelpFormatter,
     count,
     exit_statuses,
+    install_extra,
     milliseconds,
     port,
     seconds,
@@ -53,7 +54,7 @@ def add_mcp_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         epilog=exit_statuses(
             failure="a wrapped server or the runner could not be started or reached, or the port cannot be bound",
             usage="a bad flag or value, a missing or invalid --config, the mcp extra not installed, HTTP off"
-            " loopback without --http-token-file",
+            " loopback without a token (--http-token-file, --http-token) or --allow-unauthenticated",
             ok="stopped (stdio closed, SIGINT or SIGTERM)",
         )
         + """
@@ -84,7 +85,8 @@ examples:
         "--port",
         type=port,
         default=8000,
-        help="port for --transport http, whose endpoint is /mcp; 0 picks a free port (default: %(default)s)",
+        help="port for --transport http, whose endpoint is /mcp (its URL is said on stderr); 0 picks a free port"
+        " (default: %(default)s)",
     )
     serving.add_argument(
         "--http-token",
@@ -160,9 +162,9 @@ def run_mcp(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:  # imported here: the `mcp` SDK is an optional extra, needed by this command only
         from .codemode import Bounds  # noqa: PLC0415
-        from .server import serve  # noqa: PLC0415
+        from .server import CannotServe, serve  # noqa: PLC0415
     except ImportError as exc:
-        print(f"{PROG}: {exc}; install it with: pip install 'execbox-runner[mcp]'", file=sys.stderr)
+        print(f"{PROG}: {exc}; {install_extra('mcp')}", file=sys.stderr)
         return EXIT_USAGE
     access = None
     if args.transport == "http":
@@ -206,8 +208,10 @@ def run_mcp(args: argparse.Namespace) -> int:
         anyio.run(main)
     except* KeyboardInterrupt:
         pass
-    except* (ConnectionError, RunnerError) as group:  # task groups of the SDK may wrap them
+    except* (ConnectionError, RunnerError, CannotServe) as group:  # task groups (ours, the SDK's) may wrap them
         failure = group.exceptions[0]
+        while isinstance(failure, ExceptionGroup):
+            failure = failure.exceptions[0]
     except* SystemExit:  # uvicorn's, when it cannot start (it has logged why): not its status 3
         failure = f"cannot serve MCP clients on http://{args.host}:{args.port}/mcp"
     if failure is not None:

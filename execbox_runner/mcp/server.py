@@ -7,6 +7,8 @@ in this process.
 
 from __future__ import annotations
 
+import socket
+import sys
 from collections.abc import Mapping
 from functools import partial
 from typing import Annotated, Literal
@@ -20,7 +22,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
+from .. import __version__
 from ..client import ApprovalRequest, Runner
+from ..commandline import cannot_listen
 from .access import Access, Guard, default_hosts
 from .approval import Approval, question, verdict
 from .codemode import DEFAULT_BOUNDS, Bounds, CodeMode
@@ -37,7 +41,9 @@ def code_mode_server(code_mode: CodeMode, name: str = "execbox-code-mode", round
     """An ``MCPServer`` whose two tools are ``code_mode``'s. ``rounds`` asks clients of the stateless
     protocol for approvals (without it, their calls of tools that need approval are refused)."""
     namespaces = ", ".join(code_mode.namespaces) or "none"
-    server: MCPServer = MCPServer(name, instructions=f"Code mode over MCP servers; namespaces: {namespaces}.")
+    server: MCPServer = MCPServer(
+        name, version=__version__, instructions=f"Code mode over MCP servers; namespaces: {namespaces}."
+    )
 
     async def execute_code(
         code: Annotated[str, Field(description="JavaScript; the value of the last expression is the result")],
@@ -122,10 +128,51 @@ async def serve(
                 await serve_http(server, host, port, access or Access(default_hosts(host)))
 
 
+class CannotServe(Exception):
+    """The HTTP address cannot be listened on; the message says why and what to do."""
+
+
 async def serve_http(server: MCPServer, host: str, port: int, access: Access) -> None:
     """Streamable HTTP on ``host``:``port`` (``/mcp``), behind ``access``, which replaces the SDK's
-    own Host and Origin checks (those are on only for a loopback ``host``, and it has no tokens)."""
+    own Host and Origin checks (those are on only for a loopback ``host``, and it has no tokens).
+
+    The sockets listen from here, not from uvicorn, which on failure logs the reason and exits: a
+    taken port is ``CannotServe`` with the reason and the way out, for the command's one line.
+    The address served is said on stderr (the port ``--port 0`` picked)."""
     checks_off = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app = Guard(server.streamable_http_app(host=host, transport_security=checks_off), access)
     config = uvicorn.Config(app, host=host, port=port, log_level=server.settings.log_level.lower())
-    await uvicorn.Server(config).serve()
+    try:
+        listeners = listening_sockets(host, port)
+    except OSError as exc:
+        raise CannotServe(cannot_listen(f"{host}:{port}", exc)) from None
+    bound = listeners[0].getsockname()[1]
+    print(f"execbox-runner mcp: serving MCP clients on http://{_url_host(host)}:{bound}/mcp", file=sys.stderr)
+    await uvicorn.Server(config).serve(sockets=listeners)
+
+
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """A TCP socket listening on each address of ``host`` on ``port``, as asyncio's ``create_server``
+    makes them (IPv6 ones IPv6 only), so connections wait from now on until uvicorn serves them;
+    ``OSError`` (all closed) for an address that cannot be had."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen()
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -15,6 +15,8 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+from ...commandline import install_extra
+
 if TYPE_CHECKING:
     from websockets.datastructures import Headers
 
@@ -59,9 +61,7 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> ExecutionSpans 
     try:
         from .spans import ExecutionSpans  # noqa: PLC0415 - the optional extra, loaded only when asked for
     except ImportError as exc:
-        log.warning(
-            "OTEL_* asks for traces, but OpenTelemetry is not installed (%s): pip install 'execbox-runner[otel]'", exc
-        )
+        log.warning("OTEL_* asks for traces, but OpenTelemetry is not installed (%s): %s", exc, install_extra("otel"))
         return None
     return ExecutionSpans()
 
