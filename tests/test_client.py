@@ -618,11 +618,14 @@ async def test_local_runner_async() -> None:
 def test_a_local_runner_killed_is_started_again_even_while_it_is_still_dying() -> None:
     """Just after a SIGKILL the daemon refuses connections before it has exited: the next execution
     waits for its end and starts another rather than failing with RunnerUnavailable."""
+
+    def serving() -> set[int]:
+        return {pid for pid in children_of(os.getpid()) if b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+
+    others = serving()  # the module's daemons, which other tests started
     with Runner.local() as runner:
         for index in range(5):
-            [daemon] = [
-                pid for pid in children_of(os.getpid()) if b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            ]
+            [daemon] = serving() - others
             os.kill(daemon, signal.SIGKILL)  # the private daemon this test started
             result = runner.execute_sync(f"{index} + 1")
             assert (result.ok, result.result) == (True, index + 1), result.error
