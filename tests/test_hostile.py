@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from execbox_runner.worker.guest import MAX_MESSAGE_CHARS
+
 from .daemonkit import (
     Daemon,
     client,
@@ -163,3 +165,22 @@ def test_only_the_hardened_profile_retires_a_worker_after_one_execution(daemon: 
     while time.monotonic() < deadline and ran in daemon.workers():
         time.sleep(0.05)
     assert ran not in daemon.workers(), "a hardened worker must not outlive its execution"
+
+
+def test_a_huge_error_message_is_cut_and_fails_no_other_execution() -> None:
+    """What a guest throws, or a getter throws as its result is read, is a message it chooses the size
+    of: it is cut to MAX_MESSAGE_CHARS characters, so the worker's frame stays within its bound, and
+    another session's execution on the same worker runs on (a frame past it would lose the worker)."""
+    args = ("--max-output-bytes", "1024", "--warm-workers", "1", "--max-workers", "1")
+    with running_daemon(*args) as d, client(d.url) as other, client(d.url) as ws:
+        other.send(execute("victim", "await tools.echo(1) + 1"))
+        assert receive(other)["type"] == "started"
+        call = receive(other)
+        thrown = run_to_done(ws, "thrown", "throw new Error('x'.repeat(2e6))")
+        got = run_to_done(ws, "got", "({ get g() { throw { message: 'y'.repeat(2e6) } } })")
+        other.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 1}))
+        assert receive(other)["result"] == 2
+    assert thrown["error"] == {"code": "runtime_error", "message": "x" * MAX_MESSAGE_CHARS}
+    prefix = "Guest code returned a non-serializable value: reading it threw: "
+    expected = prefix + "y" * (MAX_MESSAGE_CHARS - len(prefix))
+    assert got["error"] == {"code": "serialization_error", "message": expected}

@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
+import pydantic.dataclasses
 import pytest
 
 from execbox_runner.client import Providers, Runner
@@ -94,6 +95,43 @@ def test_inputs_are_models_checked_by_pydantic_and_results_are_their_json(daemon
     [(user, notify, tags)] = received  # only the valid call ran, with the function's own defaults
     assert user == User(name="ada", age=36, address=Address(city="London"))
     assert (notify, tags) == (False, None)
+
+
+@pydantic.dataclasses.dataclass
+class Point:
+    x: int
+
+    @pydantic.field_validator("x")
+    @classmethod
+    def on_the_grid(cls, x: int) -> int:
+        if x % 10:
+            raise ValueError("x must be a multiple of 10")
+        return x
+
+
+def place(count: Annotated[int, pydantic.Field(ge=0, description="How many.")], at: Point) -> int:
+    return count + at.x
+
+
+def test_what_only_pydantic_reads_in_a_hint_is_checked_by_pydantic(daemon: Daemon) -> None:
+    """Hints msgspec takes while ignoring what pydantic alone reads (a ``Field``'s bounds and
+    description in ``Annotated``, a pydantic dataclass's validators) are pydantic's too: what the
+    model reads and what the host enforces are still the same."""
+    assert "How many." in Providers({"grid": {"place": place}}).types
+    code = """
+        const out = [await grid.place({count: 1, at: {x: 20}})];
+        for (const input of [{count: -1, at: {x: 20}}, {count: 1, at: {x: 5}}]) {
+            out.push(await grid.place(input).catch((e) => `${e.code}: ${e.message}`));
+        }
+        out
+    """
+    with Runner.connect(daemon.url) as runner:
+        result = runner.execute_sync(code, {"grid": {"place": place}})
+    assert result.result == [
+        21,
+        "validation_error: Invalid input for tool place: Input should be greater than or equal to 0 - at `$.count`",
+        "validation_error: Invalid input for tool place: Value error, x must be a multiple of 10 - at `$.at.x`",
+    ]
 
 
 def lookup(key: Opaque) -> None:

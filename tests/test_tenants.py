@@ -159,6 +159,21 @@ def test_a_session_kept_open_cannot_run_past_its_tenants_quota(daemon: Daemon) -
         assert run_to_done(other, "other", "2")["result"] == 2
 
 
+def test_an_execute_refused_while_one_runs_leaves_that_ones_memory_counted(daemon: Daemon) -> None:
+    """A second execute on a session whose execution runs is refused, and the running one still
+    holds its ``memoryLimitBytes`` against the tenant's quota: a host cannot free its quota by
+    sending one."""
+    with client(daemon.url, **bearer("acme-1")) as first, client(daemon.url, **bearer("acme-2")) as second:
+        first.send(execute("big", "await new Promise(() => {})", memoryLimitBytes=100_000_000))
+        assert receive(first)["type"] == "started"
+        first.send(execute("again", "1"))
+        assert receive(first)["error"]["code"] == "internal_error"  # another execution is active
+        second.send(execute("more", "1"))
+        done = receive(second)
+        assert (done["id"], done["ok"], done["error"]["code"]) == ("more", False, "internal_error")
+        assert done["error"]["message"].endswith(" s (quota memory_in_flight_bytes)")
+
+
 def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> None:
     with client(daemon.url, **bearer("acme-1")), client(daemon.url, **bearer("acme-2")) as second:
         release = threading.Timer(1.5, second.close)

@@ -1,8 +1,9 @@
 """pydantic models in a tool's type hints, described and checked by pydantic itself.
 
-msgspec describes and checks every hint it knows (``tools``); a hint it cannot express that names
-a pydantic model (``user: User``, ``list[User]``, ``-> User``) is left to pydantic, the library
-that defines the model, so tools written for pydantic-based frameworks work as they are. pydantic
+msgspec describes and checks every hint it knows (``tools``); a hint that names a pydantic model
+(``user: User``, ``list[User]``, ``-> User``) or says what only pydantic reads (``Annotated[int,
+Field(ge=0)]``, a pydantic dataclass's validators, which msgspec would ignore) is left to pydantic,
+so tools written for pydantic-based frameworks work as they are. pydantic
 is an optional dependency and is never imported here: a hint can only name one of its models once
 the application has imported it, so ``tools`` imports this module only then (``tools._pydantic``)
 and a process without pydantic pays nothing.
@@ -10,13 +11,17 @@ and a process without pydantic pays nothing.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, Required
+import dataclasses
+from typing import Any, Final, NotRequired, Required, get_args, get_type_hints, is_typeddict
 
 import msgspec
 import pydantic
+import pydantic.dataclasses
 from typing_extensions import TypedDict
 
 _TYPED_DICT: Any = TypedDict  # made at run time (pydantic reads typing's own only from Python 3.12)
+# The packages whose ``Annotated`` metadata pydantic reads and msgspec ignores (msgspec reads its own ``Meta``).
+_READ: Final = frozenset({"pydantic", "annotated_types"})
 
 
 class Parameters:
@@ -64,3 +69,32 @@ def to_builtins(value: Any) -> Any:
     if isinstance(value, pydantic.BaseModel):
         return value.model_dump(mode="json")
     raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+def concerns(hint: Any) -> bool:
+    """Whether ``hint`` says anything only pydantic reads: it names a model or a pydantic dataclass,
+    or has ``Annotated`` metadata of pydantic's or annotated-types' (a ``Field``, ``PositiveInt``'s
+    bound, a validator), here or in the fields of the dataclasses, TypedDicts and Structs it names."""
+    seen: set[int] = set()
+
+    def reads(hint: Any) -> bool:
+        if id(hint) in seen:
+            return False
+        seen.add(id(hint))
+        if isinstance(hint, type) and (
+            issubclass(hint, pydantic.BaseModel) or pydantic.dataclasses.is_pydantic_dataclass(hint)
+        ):
+            return True
+        if any(type(meta).__module__.partition(".")[0] in _READ for meta in getattr(hint, "__metadata__", ())):
+            return True
+        inner = list(get_args(hint))
+        if isinstance(hint, type) and (
+            dataclasses.is_dataclass(hint) or is_typeddict(hint) or issubclass(hint, msgspec.Struct)
+        ):
+            try:
+                inner += get_type_hints(hint, include_extras=True).values()
+            except (NameError, TypeError):  # unresolvable: msgspec says so
+                pass
+        return any(reads(part) for part in inner)
+
+    return reads(hint)

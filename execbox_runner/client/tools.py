@@ -6,7 +6,7 @@ parameters, typed by its annotations: ``def fetch_page(url: str, limit: int = 10
 is called from guest code as ``await web.fetch_page({url, limit})``. msgspec
 derives the JSON Schema from the annotations and checks the input against the
 same types, so what the model reads in ``types`` and what the host enforces
-cannot drift apart; hints naming pydantic models go to pydantic (``pydantic_types``). A tool given an explicit ``input_schema`` (for example one
+cannot drift apart; hints naming pydantic models, or saying what only pydantic reads, go to pydantic (``pydantic_types``). A tool given an explicit ``input_schema`` (for example one
 forwarded from an MCP server) instead receives the input value as its one
 argument, checked with ``jsonschema``.
 """
@@ -268,7 +268,7 @@ class _StructParameters:
             (field, hint, msgspec.NODEFAULT) if required else (field, hint | UnsetType, UNSET)
             for field, (hint, required) in fields.items()
         ]
-        self._struct = msgspec.defstruct(f"{safe_name(name)}_input", specs, kw_only=True, forbid_unknown_fields=True)
+        self._struct = msgspec.defstruct(f"{name}_input", specs, kw_only=True, forbid_unknown_fields=True)
         self.schema = _inline(msgspec.json.schema(self._struct))
 
     def arguments(self, raw: msgspec.Raw | bytes) -> dict[str, Any]:
@@ -281,7 +281,8 @@ class _StructParameters:
 
 
 def _parameters(name: str, signature: inspect.Signature) -> _Parameters:
-    """``signature``'s parameters, by msgspec, or by pydantic for hints naming its models."""
+    """``signature``'s parameters, by msgspec, or by pydantic for hints that name its models or say
+    what only it reads."""
     fields: dict[str, tuple[Any, bool]] = {}
     for parameter in signature.parameters.values():
         if parameter.kind not in _PARAMETER_KINDS:
@@ -291,29 +292,35 @@ def _parameters(name: str, signature: inspect.Signature) -> _Parameters:
             )
         hint = Any if parameter.annotation is inspect.Parameter.empty else parameter.annotation
         fields[parameter.name] = (hint, parameter.default is inspect.Parameter.empty)
-    try:
-        return _StructParameters(name, fields)
-    except TypeError as exc:
-        failure = exc
+    describers: list[Callable[[str, dict[str, tuple[Any, bool]]], _Parameters]] = [_StructParameters]
     if (pydantic := _pydantic()) is not None:
+        # First where a hint says what only pydantic reads, which msgspec would ignore; else for what msgspec cannot say.
+        first = any(pydantic.concerns(hint) for hint, _ in fields.values())
+        describers.insert(0 if first else 1, pydantic.Parameters)
+    failure: TypeError | None = None
+    for describer in describers:
         try:
-            described: _Parameters = pydantic.Parameters(safe_name(name), fields)
-            return described
-        except TypeError:
-            pass  # msgspec's reason is the one to give
+            return describer(safe_name(name), fields)
+        except TypeError as exc:
+            if describer is _StructParameters:  # msgspec's reason is the one to give
+                failure = exc
     raise TypeError(
         f"tool {name!r}: {failure}; annotate it with JSON types or pydantic models, or give Tool(..., input_schema=...)"
     ) from None
 
 
 def _schema_of(annotation: Any) -> JsonSchema | None:
-    """The JSON Schema of a return annotation, or ``None`` (``unknown``) when there is none or msgspec cannot say."""
+    """The JSON Schema of a return annotation (by pydantic where it concerns pydantic), or ``None``
+    (``unknown``) when there is none or neither library can say."""
     if annotation is inspect.Signature.empty:
         return None
+    pydantic = _pydantic()
+    if pydantic is not None and pydantic.concerns(annotation):
+        schema: JsonSchema | None = pydantic.schema_of(annotation)
+        return schema
     try:
         return _inline(msgspec.json.schema(annotation))
     except (TypeError, ValueError):
-        pydantic = _pydantic()
         return None if pydantic is None else pydantic.schema_of(annotation)
 
 

@@ -411,8 +411,13 @@ class Connection:
         self._rearm_timer()
 
     def _observe(self, record: ExecutionEnded) -> None:
-        self.ledger.execution_ended(self.tenant_name, self._memory_held)
-        self._memory_held = 0
+        """Count, log and trace an execution that ended, or an execute refused before it started.
+        One refused while another execution runs leaves that one's memory in the tenant's ledger
+        and its worker in its trace."""
+        ran = self.session.execution_id is None  # else the record is of an execute refused meanwhile
+        if ran:
+            self.ledger.execution_ended(self.tenant_name, self._memory_held)
+            self._memory_held = 0
         if self.recorder is not None:
             self.recorder.execution_ended(record)
         if self.state.metrics is not None:
@@ -429,10 +434,11 @@ class Connection:
                 record,
                 trace_context=self._trace_context,
                 tenant=self.tenant_name,
-                worker_pid=self._worker_pid,
-                worker_lost=self._lost_worker,
+                worker_pid=self._worker_pid if ran else None,
+                worker_lost=self._lost_worker and ran,
             )
-        self._worker_pid, self._lost_worker = None, False
+        if ran:
+            self._worker_pid, self._lost_worker = None, False
 
     def _record(self, step: Callable[[Recorder], None]) -> None:
         """With --record-dir: record one step, written to disk in order by the record's writer."""

@@ -50,6 +50,10 @@ ABORT_BUDGET_S: Final = 0.002
 # that queues jobs forever (a microtask that queues itself) would otherwise never let go.
 UNWIND_S: Final = 0.02
 TIMEOUT_MESSAGE: Final = "Execution timed out"
+# An execution's error message is cut to this many characters: what a guest throws is a message of
+# any size, and with it the frame of its end, whose bound (twice --max-output-bytes, and 1 MiB)
+# the result's, the calls' and the logs' own limits keep to otherwise.
+MAX_MESSAGE_CHARS: Final = 1 << 16
 
 # A worker's C heap keeps the pages of runtimes that ended resident (glibc gives back only its
 # top): one that held 2,000 parked executions would hold ~450 MiB after they all ended, counted
@@ -556,6 +560,7 @@ class GuestRun:
         calls: list[ipc.Call] | None = None,
     ) -> ipc.Finished:
         logs = logs + self.last_logs()  # the ring's last lines; its slot goes back to the pool
+        message = message[:MAX_MESSAGE_CHARS]
         self.finished = ipc.Finished(ok=ok, result=result, code=code, message=message, logs=logs, calls=calls or [])
         self._release()
         return self.finished
