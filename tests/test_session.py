@@ -65,7 +65,8 @@ def test_execute_sends_started_then_starts_a_run_with_the_limits() -> None:
 
 def test_an_execute_the_runner_does_not_admit_ends_at_once_without_starting() -> None:
     reasons: list[str | None] = ["tenant t is at a quota", None]
-    session = Session(admit=lambda: reasons.pop(0))
+    asked: list[str] = []
+    session = Session(admit=lambda execution_id: asked.append(execution_id) or reasons.pop(0))
     actions = session.receive_text(execute("refused"), 5.0)
     assert sent(actions) == [
         {
@@ -79,7 +80,7 @@ def test_an_execute_the_runner_does_not_admit_ends_at_once_without_starting() ->
     ]
     assert not any(isinstance(action, StartRun) for action in actions) and session.execution_id is None
     assert sent(session.receive_text(execute("admitted"), 6.0)) == [{"type": "started", "id": "admitted"}]
-    assert reasons == []  # asked once for each
+    assert asked == ["refused", "admitted"] and reasons == []  # asked once for each
 
 
 def test_tool_calls_are_numbered_and_results_correlated_once() -> None:

@@ -157,6 +157,16 @@ def test_a_session_kept_open_cannot_run_past_its_tenants_quota(daemon: Daemon) -
     assert refused(daemon.url, "umbrella-1")[2]["quota"] == "executions_per_minute"
     with client(daemon.url, **bearer("plain-token")) as other:  # another tenant's session is served
         assert run_to_done(other, "other", "2")["result"] == 2
+    # Told apart from a worker's failure: its own line and metric, naming the tenant and the quota.
+    lines = daemon.json_lines(lambda lines: any(line.get("execution_id") == "past" for line in lines))
+    (line,) = [line for line in lines if line["message"].startswith("refused execution past ")]
+    assert (line["tenant"], line["quota"], line["level"]) == ("umbrella", "executions_per_minute", "info")
+    host, port = daemon.url.removeprefix("ws://").rstrip("/").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/metrics", headers={"Authorization": "Bearer acme-1"})
+    text = connection.getresponse().read().decode()
+    connection.close()
+    assert 'execbox_quota_refused_executions_total{quota="executions_per_minute",tenant="umbrella"} 1.0' in text
 
 
 def test_an_execute_refused_while_one_runs_leaves_that_ones_memory_counted(daemon: Daemon) -> None:

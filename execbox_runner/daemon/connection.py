@@ -178,13 +178,17 @@ class Connection:
             )
         self._guarded(self._end)
 
-    def _admission(self) -> str | None:
+    def _admission(self, execution_id: str) -> str | None:
         """(The session, as an execute arrives.) Why this session's tenant may start no execution now,
-        at one of its quotas (checked at the handshake, and again here: a session runs many); or None."""
+        at one of its quotas (checked at the handshake, and again here: a session runs many); or None.
+        A refusal is logged (a few lines a second) and counted by tenant and quota."""
         over = self.ledger.refusal(self.tenant_name, self._reactor.now(), opening=False)
         if over is None:
             return None
         quota, wait_s, message = over
+        self.state.refusals.refuse_execution(execution_id, self.peer, self.correlation_id, self.tenant_name, quota)
+        if self.state.metrics is not None:
+            self.state.metrics.quota_refused_executions.labels(self.tenant_name, quota).inc()
         return f"{message}: try again in {math.ceil(wait_s)} s (quota {quota})"
 
     def stalled(self) -> None:

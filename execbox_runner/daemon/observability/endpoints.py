@@ -95,6 +95,9 @@ class Refusals:
         self.counts = dict.fromkeys(REFUSALS, 0)
         self._lines = {reason: TokenBucket(REFUSAL_LINES_PER_S, REFUSAL_LINES_BURST, clock) for reason in REFUSALS}
         self._suppressed = dict.fromkeys(REFUSALS, 0)
+        # Executes refused at a quota on sessions already open: logged at the same rate, apart.
+        self._executions = TokenBucket(REFUSAL_LINES_PER_S, REFUSAL_LINES_BURST, clock)
+        self._executions_suppressed = 0
 
     def refuse(self, reason: str, peer: str, **fields: str) -> None:
         """Count a refusal and log it (if under its rate); ``fields`` (a quota refusal's ``tenant``
@@ -113,8 +116,30 @@ class Refusals:
         else:
             self._suppressed[reason] += 1
 
+    def refuse_execution(self, execution_id: str, peer: str, correlation_id: str, tenant: str, quota: str) -> None:
+        """Log an execute refused on an open session, its tenant at ``quota`` (if under the rate)."""
+        if not self._executions.take():
+            self._executions_suppressed += 1
+            return
+        log.info(
+            "refused execution %s on a session from %s: tenant %s is at its %s quota",
+            execution_id,
+            peer or "an unknown peer",
+            tenant,
+            quota,
+            extra={"execution_id": execution_id, "correlation_id": correlation_id, "tenant": tenant, "quota": quota},
+        )
+
     def summarize(self) -> None:
         """One line per reason for the refusals not logged since the last summary."""
+        if self._executions_suppressed:
+            log.warning(
+                "suppressed %d refused executions (quota): more than %g lines a second",
+                self._executions_suppressed,
+                REFUSAL_LINES_PER_S,
+                extra={"refusal": "execution_quota", "suppressed": self._executions_suppressed},
+            )
+            self._executions_suppressed = 0
         for reason, count in self._suppressed.items():
             if count:
                 log.warning(

@@ -180,6 +180,12 @@ class Metrics:
             ["tenant", "outcome"],
             registry=self.registry,
         )
+        self.quota_refused_executions = Counter(
+            "execbox_quota_refused_executions",
+            "Executes on open sessions refused because their tenant was at a quota, by tenant and quota.",
+            ["tenant", "quota"],
+            registry=self.registry,
+        )
         self.tenant_cpu = Counter(
             "execbox_tenant_cpu_seconds",
             "CPU the worker processes of each tenant spent (its guests' CPU), sampled each second.",
