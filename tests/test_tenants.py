@@ -89,6 +89,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield started
 
 
+def metrics(daemon: Daemon, token: str | None = None) -> str:
+    """The daemon's ``/metrics`` (with ``token``, for a daemon that asks for one)."""
+    host, port = daemon.url.removeprefix("ws://").rstrip("/").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+    text = connection.getresponse().read().decode()
+    connection.close()
+    return text
+
+
 def bearer(token: str) -> dict[str, object]:
     return {"additional_headers": {"Authorization": f"Bearer {token}"}}
 
@@ -161,11 +171,7 @@ def test_a_session_kept_open_cannot_run_past_its_tenants_quota(daemon: Daemon) -
     lines = daemon.json_lines(lambda lines: any(line.get("execution_id") == "past" for line in lines))
     (line,) = [line for line in lines if line["message"].startswith("refused execution past ")]
     assert (line["tenant"], line["quota"], line["level"]) == ("umbrella", "executions_per_minute", "info")
-    host, port = daemon.url.removeprefix("ws://").rstrip("/").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    connection.request("GET", "/metrics", headers={"Authorization": "Bearer acme-1"})
-    text = connection.getresponse().read().decode()
-    connection.close()
+    text = metrics(daemon, "acme-1")
     assert 'execbox_quota_refused_executions_total{quota="executions_per_minute",tenant="umbrella"} 1.0' in text
 
 
@@ -199,11 +205,7 @@ def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> Non
 def test_metrics_count_each_tenants_executions_by_name(daemon: Daemon) -> None:
     Runner.connect(daemon.url, token="plain-token").execute_sync("1")
     assert Runner.connect(daemon.url, token="acme-2").execute_sync("throw 1").error is not None
-    host, port = daemon.url.removeprefix("ws://").rstrip("/").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    connection.request("GET", "/metrics", headers={"Authorization": "Bearer acme-1"})
-    text = connection.getresponse().read().decode()
-    connection.close()
+    text = metrics(daemon, "acme-1")
     assert 'execbox_tenant_executions_total{outcome="ok",tenant="token-4"}' in text
     assert 'execbox_tenant_executions_total{outcome="error",tenant="acme"}' in text
     assert "acme-1" not in text and "plain-token" not in text
@@ -248,11 +250,7 @@ RARE_CPU_LOOKS = textwrap.dedent(
 
 def tenant_cpu_seconds(daemon: Daemon) -> float:
     """``execbox_tenant_cpu_seconds_total`` of the one tenant, ``token-0``, that has spent any."""
-    host, port = daemon.url.removeprefix("ws://").rstrip("/").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    connection.request("GET", "/metrics")
-    text = connection.getresponse().read().decode()
-    connection.close()
+    text = metrics(daemon)
     (sample,) = [line for line in text.splitlines() if line.startswith("execbox_tenant_cpu_seconds_total{")]
     assert sample.startswith('execbox_tenant_cpu_seconds_total{tenant="token-0"} ')
     return float(sample.split()[-1])
