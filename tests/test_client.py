@@ -519,6 +519,24 @@ def test_an_execution_that_finds_its_private_daemon_dying_starts_another() -> No
         assert runner.execute_sync("6 * 7").result == 42
         assert len(daemons()) == 1
 
+        async def together(n: int) -> list[object]:
+            """``n`` executions at once: one restarts the daemon; the others take the one it started."""
+            results: list[object] = []
+
+            async def one(index: int) -> None:
+                results.append((await runner.execute(f"{index} + 100")).result)
+
+            async with anyio.create_task_group() as group:
+                for index in range(n):
+                    group.start_soon(one, index)
+            return sorted(results, key=str)
+
+        for _ in range(3):
+            (daemon,) = daemons()
+            os.kill(daemon, signal.SIGKILL)  # the private daemon this test started
+            assert anyio.run(together, 4) == [100, 101, 102, 103]
+        assert len(daemons()) == 1
+
 
 # ---------------------------------------------------------------- a scripted runner
 

@@ -82,11 +82,13 @@ class LocalDaemon:
                 process.wait(within)
         return process.poll() is not None
 
-    def restarted(self) -> tuple[str, str]:
+    def restarted(self, unreachable: tuple[str, str] | None = None, within: float = 0.0) -> tuple[str, str]:
         """Start the daemon again if it has exited; its URL and token either way. Executions that
-        find it gone at the same time start one daemon between them."""
+        find it gone at the same time start one daemon between them. ``unreachable``: the endpoint
+        an execution could not connect to, whose daemon is given ``within`` seconds to finish
+        exiting; if another execution has started a new one meanwhile, that one's endpoint at once."""
         with self._lock:
-            if self.exited():
+            if unreachable in (None, self._endpoint) and self.exited(within):
                 self.stop()
                 self.start()
             return self._endpoint

@@ -237,21 +237,28 @@ class Runner:
         attempt = 0
         restarted = False
         while True:
+            endpoint = ("", "")
             try:
                 if self._daemon is not None and self.url and self._daemon.exited():
                     self._started(await anyio.to_thread.run_sync(self._daemon.restarted))
                     restarted = True
+                endpoint = (self._url(), self.token or "")
                 return await WebSocket.open(
-                    self._url(),
-                    token=self.token,
+                    endpoint[0],
+                    token=endpoint[1] or None,
                     ssl_context=self.ssl_context,
                     connect_timeout=self.connect_timeout,
                     headers=headers,
                 )
             except RunnerUnavailable:
                 daemon = self._daemon
-                if daemon is None or restarted or not await anyio.to_thread.run_sync(daemon.exited, DYING_S):
+                if daemon is None or restarted:
                     raise
+                now = await anyio.to_thread.run_sync(partial(daemon.restarted, endpoint, DYING_S))
+                if now == endpoint:  # the same daemon, alive yet unreachable
+                    raise
+                self._started(now)
+                restarted = True
             except (QuotaExceeded, RunnerBusy) as refused:
                 wait = min(refused.retry_after or RETRY_BACKOFF_S * 2**attempt, MAX_RETRY_WAIT_S)
                 if attempt >= self.retries or anyio.current_time() + wait > retry_by:
