@@ -140,4 +140,7 @@ def test_a_daemon_process_that_cannot_listen_stops_the_supervisor_with_its_one_l
             timeout=60,
         )
     assert result.returncode == 1 and result.stdout == ""
-    assert result.stderr.splitlines() == [f"execbox-runner: cannot serve on 127.0.0.1:{port}: Address already in use"]
+    assert result.stderr.splitlines() == [
+        f"execbox-runner: cannot serve on 127.0.0.1:{port}: Address already in use"
+        " (another process listens there: stop it, or choose another port)"
+    ]
