@@ -4,7 +4,7 @@ import {
   type ResolvedToolProvider,
   type ToolExecutionContext,
 } from "./types.js";
-import { jsonSchemaOf, type Schema, validated } from "./schemas.js";
+import { jsonSchemaOf, normalized, type Schema, validated } from "./schemas.js";
 
 /** One tool for {@link defineProvider}: a function, or a function with metadata. */
 export type ToolDefinition =
@@ -184,9 +184,11 @@ export function defineProvider(definition: ProviderDefinition): ResolvedToolProv
     const spec = typeof tool === "function" ? { execute: tool } : tool;
     const approve = "approve" in spec ? spec.approve : undefined;
     const checkedRun = approved(`${name}.${originalName}`, spec.execute, approve);
-    const run = validated(originalName, checkedRun, spec.inputSchema, spec.outputSchema);
-    const inputSchema = jsonSchemaOf(spec.inputSchema, "input");
-    const outputSchema = jsonSchemaOf(spec.outputSchema, "output");
+    const input = normalized(spec.inputSchema);
+    const output = normalized(spec.outputSchema);
+    const run = validated(originalName, checkedRun, input, output);
+    const inputSchema = jsonSchemaOf(input, "input");
+    const outputSchema = jsonSchemaOf(output, "output");
     tools[safeName] = {
       ...(spec.description === undefined ? {} : { description: spec.description }),
       ...(inputSchema === undefined ? {} : { inputSchema }),

@@ -33,14 +33,17 @@ export type StandardResult =
 /** A tool's schema: a JSON Schema, a {@link StandardSchema}, or an object of Standard Schemas (a shape). */
 export type Schema = Record<string, unknown> | StandardSchema;
 
-/** The Standard Schema a tool's schema is, or makes as a shape (none for a JSON Schema). */
-function standardOf(schema: Schema | undefined): StandardSchema | undefined {
+/**
+ * A tool's schema as `jsonSchemaOf` and `validated` take it, made once per schema: a shape becomes
+ * the Standard Schema of its object; a Standard Schema or a JSON Schema stays as it is.
+ */
+export function normalized(schema: Schema | undefined): Schema | undefined {
   if (schema === undefined || isStandard(schema)) {
     return schema;
   }
   const members = Object.entries(schema);
   if (members.length === 0 || !members.every(([, member]) => isStandard(member))) {
-    return undefined;
+    return schema;
   }
   return objectOf(members as Array<[string, StandardSchema]>);
 }
@@ -102,19 +105,18 @@ function isStandard(schema: unknown): schema is StandardSchema {
 }
 
 /**
- * A schema's JSON Schema for `types`: none from a Standard Schema without Standard JSON Schema, or
- * one its library cannot express as JSON Schema (zod's transforms and dates, say): its type is then
- * `unknown`, and the schema still validates.
+ * A schema's JSON Schema for `types` (`schema` as `normalized` gives it): none from a Standard
+ * Schema without Standard JSON Schema, or one its library cannot express as JSON Schema (zod's
+ * transforms and dates, say): its type is then `unknown`, and the schema still validates.
  */
 export function jsonSchemaOf(
   schema: Schema | undefined,
   side: "input" | "output",
 ): Record<string, unknown> | undefined {
-  const standard = standardOf(schema);
-  if (standard === undefined) {
-    return schema as Record<string, unknown> | undefined;
+  if (schema === undefined || !isStandard(schema)) {
+    return schema;
   }
-  const render = standard["~standard"].jsonSchema?.[side];
+  const render = schema["~standard"].jsonSchema?.[side];
   if (render === undefined) {
     return undefined;
   }
@@ -141,15 +143,18 @@ async function checked(schema: StandardSchema, value: unknown, what: string): Pr
   throw new ExecuteFailure("validation_error", `${what}: ${issue?.message ?? "refused"}${where}`);
 }
 
-/** `run` with its input and result checked by the Standard Schemas among them (see `ToolDefinition`). */
+/**
+ * `run` with its input and result checked by the Standard Schemas among them (see `ToolDefinition`);
+ * `input` and `output` as `normalized` gives them.
+ */
 export function validated(
   name: string,
   run: (input: any, context: ToolExecutionContext) => unknown,
   input: Schema | undefined,
   output: Schema | undefined,
 ): (input: any, context: ToolExecutionContext) => unknown {
-  const inputCheck = standardOf(input);
-  const outputCheck = standardOf(output);
+  const inputCheck = input !== undefined && isStandard(input) ? input : undefined;
+  const outputCheck = output !== undefined && isStandard(output) ? output : undefined;
   if (inputCheck === undefined && outputCheck === undefined) {
     return run;
   }
