@@ -3,10 +3,10 @@
 msgspec describes and checks every hint it knows (``tools``); a hint that names a pydantic model
 (``user: User``, ``list[User]``, ``-> User``) or says what only pydantic reads (``Annotated[int,
 Field(ge=0)]``, a pydantic dataclass's validators, which msgspec would ignore) is left to pydantic,
-so tools written for pydantic-based frameworks work as they are. pydantic
-is an optional dependency and is never imported here: a hint can only name one of its models once
-the application has imported it, so ``tools`` imports this module only then (``tools._pydantic``)
-and a process without pydantic pays nothing.
+so tools written for pydantic-based frameworks work as they are. pydantic is an optional
+dependency, which this module imports: a hint can only name one of its models once the
+application has imported it, so ``tools`` imports this module only then (``tools._pydantic``) and
+a process without pydantic pays nothing.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ parameters, typed by its annotations: ``def fetch_page(url: str, limit: int = 10
 is called from guest code as ``await web.fetch_page({url, limit})``. msgspec
 derives the JSON Schema from the annotations and checks the input against the
 same types, so what the model reads in ``types`` and what the host enforces
-cannot drift apart; hints naming pydantic models, or saying what only pydantic reads, go to pydantic (``pydantic_types``). A tool given an explicit ``input_schema`` (for example one
-forwarded from an MCP server) instead receives the input value as its one
-argument, checked with ``jsonschema``.
+cannot drift apart; hints naming pydantic models, or saying what only pydantic
+reads, go to pydantic (``pydantic_types``). A tool given an explicit
+``input_schema`` (for example one forwarded from an MCP server) instead
+receives the input value as its one argument, checked with ``jsonschema``.
 """
 
 from __future__ import annotations
