@@ -130,6 +130,25 @@ def test_info_refuses_the_same_way(args: list[str], expected: str) -> None:
     refused_with_one_line(run("info", *args), expected)
 
 
+@pytest.mark.parametrize("inside", ["/sys/kernel", "/proc/1", "/sys/kernel/made-by-no-one", "/proc/1/made-by-no-one"])
+def test_info_warns_of_a_record_dir_that_serve_would_stop_at(inside: str) -> None:
+    """An existing directory no one may write, and a missing one whose parent refuses it (sysfs,
+    procfs): serve stops, and info, which makes nothing there, says why in a warning."""
+    refused = run("serve", "--port", "0", "--record-dir", inside)
+    refused_with_one_line(refused, f"cannot use --record-dir {inside}: ")
+    reason = refused.stderr.strip().removeprefix("execbox-runner: ")
+    done = run("info", "--json", "--record-dir", inside)
+    assert done.returncode == 0, done.stderr
+    assert f"serve would stop: {reason}" in json.loads(done.stdout)["warnings"]
+
+
+def test_info_makes_no_missing_record_dir_and_warns_of_none(tmp_path: Path) -> None:
+    wanted = tmp_path / "records" / "today"
+    done = run("info", "--record-dir", str(wanted))
+    assert done.returncode == 0 and "record-dir" not in done.stdout, done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "expected"),
     [

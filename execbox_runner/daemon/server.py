@@ -22,6 +22,7 @@ sampler and the drain are tasks of the daemon's nursery beside it.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -192,11 +193,36 @@ def record_directory(settings: Settings) -> Path | None:
     directory = Path(settings.record_dir)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".writable-"):
-            pass
+        _try_writing(directory)
     except OSError as exc:
         raise ConfigurationError(f"cannot use --record-dir {directory}: {exc.strerror}") from None
     return directory
+
+
+def record_directory_problem(settings: Settings) -> str | None:
+    """Why ``serve`` would stop at ``--record-dir`` (``info``), found leaving nothing behind: an
+    existing directory is tried with a file, as ``serve`` tries it; for a missing one, a directory is
+    made and removed in its nearest existing parent."""
+    if not settings.record_dir:
+        return None
+    directory = Path(settings.record_dir).absolute()
+    existing = next(path for path in (directory, *directory.parents) if path.exists())
+    try:
+        if existing == directory:
+            _try_writing(directory)
+        elif not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".writable-"))
+    except OSError as exc:
+        return f"serve would stop: cannot use --record-dir {settings.record_dir}: {exc.strerror}"
+    return None
+
+
+def _try_writing(directory: Path) -> None:
+    """Raises the OSError of a directory in which no file can be made."""
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".writable-"):
+        pass
 
 
 def tenant_shares(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]) -> Shares | None:
