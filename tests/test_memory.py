@@ -4,7 +4,7 @@ import msgspec
 import pytest
 
 from execbox_runner.protocol import ipc
-from execbox_runner.worker import native
+from execbox_runner.worker import memory_limit
 from execbox_runner.worker.guest import GuestRun
 
 from .guestkit import HostError, error, run, run_message, value
@@ -110,7 +110,7 @@ def test_a_trusted_host_error_keeps_its_code_even_right_after_an_out_of_memory()
 
 
 def test_without_the_native_layout_quickjs_enforces_the_limit_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(native, "_defaults", None)
+    monkeypatch.setattr(memory_limit, "_defaults", None)
     big = SHAPES["one big ArrayBuffer"].replace("LIMIT", str(8 * MIB))
     assert error(run(big, memory=8 * MIB)) == ("memory_limit", "Memory limit exceeded")
     # Stopped too; but nothing is counted, and whether QuickJS's out-of-memory error survives a

@@ -10,7 +10,7 @@ import quickjs
 
 from execbox_runner.protocol import ipc
 from execbox_runner.worker import guest as guest_module
-from execbox_runner.worker import native
+from execbox_runner.worker import memory_limit, native
 from execbox_runner.worker.guest import GuestRun
 from execbox_runner.worker.runtime import fresh_runtime
 
@@ -121,7 +121,7 @@ KEPT_OUT_OF_MEMORY = (
 )
 
 
-@pytest.mark.skipif(not native.budgets_memory(), reason="the reserve is the budget's, in C or in the hooks")
+@pytest.mark.skipif(not memory_limit.budgets_memory(), reason="the reserve is the budget's, in C or in the hooks")
 @pytest.mark.parametrize("offset", range(-32 * KIB, 32 * KIB, 8 * KIB))
 def test_quickjs_can_always_raise_its_out_of_memory_error_where_memory_ran_out(offset: int, budget: str) -> None:
     """Past a refusal the hooks leave room for the error, its message and stack, wherever the
@@ -131,7 +131,7 @@ def test_quickjs_can_always_raise_its_out_of_memory_error_where_memory_ran_out(o
     assert (finished.code, finished.message) == ("runtime_error", "out of memory (line 2, column 50)")
 
 
-@pytest.mark.skipif(not native.budgets_memory(), reason="the reserve is the budget's, in C or in the hooks")
+@pytest.mark.skipif(not memory_limit.budgets_memory(), reason="the reserve is the budget's, in C or in the hooks")
 def test_the_room_after_a_refusal_is_bounded(budget: str) -> None:
     code = "try { const a = []; for (;;) a.push([a.length]) } catch {}\nconst b = []; for (;;) b.push({ n: b.length })"
     guest = GuestRun(run_message(code, memory=8 * MIB, budget=30))

@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 import quickjs
 
-from execbox_runner.worker import native
+from execbox_runner.worker import memory_limit, native
 
 BUILD_SCRIPT = Path(__file__).parent.parent / "deploy" / "quickjs" / "build.py"
 
@@ -354,7 +354,7 @@ def test_the_time_limit_reads_the_clock_only_once_the_engine_checks_it() -> None
 def test_the_binding_sets_and_reads_the_budget_checked_in_c() -> None:
     """The build's ``Context`` sets the budget in place of QuickJS's own limit and reads what it
     counts (``deploy/quickjs/patches/0006``), which ``MemoryLimit`` uses in place of ctypes."""
-    assert native.budget_in_c()
+    assert memory_limit.budget_in_c()
     context = quickjs.Context()
     held, refusals = context.memory_budget()
     assert (held, refusals) == (context.memory()["malloc_size"], 0)
@@ -402,10 +402,10 @@ def test_info_names_the_quickjs_build() -> None:
         "lazy_accessors": native.LAZY_ACCESSORS,
         "lazy_clock": native.LAZY_CLOCK,
         "profile_guided": native.PROFILE_GUIDED,
-        "budget_in_c": native.budget_in_c(),
+        "budget_in_c": memory_limit.budget_in_c(),
     }
     freeing = "runtimes discarded whole" if native.DISCARDS_RUNTIMES else "runtimes freed object by object"
-    budget = "memory budgets checked in C" if native.budget_in_c() else "memory budgets checked in Python hooks"
+    budget = "memory budgets checked in C" if memory_limit.budget_in_c() else "memory budgets checked in Python hooks"
     text = subprocess.run(run, capture_output=True, text=True, timeout=60, check=True).stdout
     accessors = "accessors made on first use" if native.LAZY_ACCESSORS else "accessors made with each runtime"
     clock = "time limit's clock read at its first check" if native.LAZY_CLOCK else "time limit's clock read per call"

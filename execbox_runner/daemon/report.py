@@ -14,7 +14,7 @@ from typing import Final, TypedDict
 
 from .. import __version__
 from ..exposure import is_loopback
-from ..worker import native, sandbox
+from ..worker import memory_limit, native, sandbox
 from .config import Settings
 from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files
 from .startup import engine
@@ -116,7 +116,7 @@ def host_report(settings: Settings) -> HostReport:
             "lazy_accessors": native.LAZY_ACCESSORS,
             "lazy_clock": native.LAZY_CLOCK,
             "profile_guided": native.PROFILE_GUIDED,
-            "budget_in_c": native.budget_in_c(),
+            "budget_in_c": memory_limit.budget_in_c(),
         },
         "protections": protections,
         "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),

@@ -1,7 +1,7 @@
 """How a failed guest execution is reported: which code, and what message.
 
 ``memory_limit`` rests only on evidence guest code cannot produce: an
-allocation that the runtime's ``native.MemoryLimit`` refused while the failing
+allocation that the runtime's ``memory_limit.MemoryLimit`` refused while the failing
 code ran, that is since the guest last resumed (its start, or a tool result).
 The failure values QuickJS leaves after an out-of-memory (an InternalError,
 ``null``, or no value at all) prove nothing by themselves: guest code can throw

@@ -32,7 +32,7 @@ import quickjs
 
 from ..protocol import ipc
 from ..protocol.messages import ErrorCode
-from . import logring, native
+from . import logring, memory_limit, native
 from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure, out_of_memory
 from .logring import CAPACITY
 from .normalize import normalize, standalone
@@ -195,7 +195,7 @@ class GuestRun:
             with logring.lock:
                 self.ring.close()
             self.ring = None
-        self.memory = native.MemoryLimit(self.context, run.memory_limit)
+        self.memory = memory_limit.MemoryLimit(self.context, run.memory_limit)
         self._refusals_before = 0  # refusals when the guest last resumed
         self.program = normalize(run.code, self._compiles)
         _shrinking.started()
@@ -577,4 +577,4 @@ class GuestRun:
         size = self.memory.release()
         del self.api, self.context
         if _shrinking.ended(size):
-            native.trim_heap()
+            memory_limit.trim_heap()

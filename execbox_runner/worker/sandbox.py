@@ -162,7 +162,7 @@ def set_cpu_backstop(seconds: float) -> None:
 def seal_executable_mappings() -> None:
     """Make every mapping that is both writable and executable read-and-execute (W^X).
 
-    The page of ctypes callbacks (``native.py``'s allocator hooks, made at import,
+    The page of ctypes callbacks (``memory_limit.py``'s allocator hooks, made at import,
     before the fork) is one: code written there could run. Nothing writes it again
     after start-up (no callback is made or freed later), and seccomp refuses
     PROT_EXEC from now on, so the process's code is fixed.
