@@ -14,12 +14,13 @@ receives the input value as its one argument, checked with ``jsonschema``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final, Protocol, TypeAlias
@@ -182,6 +183,8 @@ class Providers:
         """``approve``: the approval every tool without its own ``approve`` needs (``approval``)."""
         self._tools: dict[str, dict[str, BoundTool]] = {}
         self._manifests: list[ProviderManifest] = []
+        self._max_calls: int | None = None  # no bound on the number of calls (``_limited``)
+        self._calls = 0
         for provider, tools in providers.items():
             if not _IDENTIFIER.match(provider) or provider in _RESERVED:
                 raise ValueError(f"Invalid provider namespace: {provider!r} (it becomes a guest global)")
@@ -212,6 +215,19 @@ class Providers:
     def manifests(self) -> list[ProviderManifest]:
         return self._manifests
 
+    def _bound_tools(self) -> Iterator[tuple[str, str, BoundTool]]:
+        """Each tool as the guest calls it: its namespace, its safe name and the tool."""
+        for provider, tools in self._tools.items():
+            for safe, tool in tools.items():
+                yield provider, safe, tool
+
+    def _limited(self, max_calls: int) -> Providers:
+        """These tools for one execution, which may call them ``max_calls`` times in all: later calls
+        (whatever they ask) answer ``tool_error`` and run nothing. The tools stay resolved once."""
+        limited = copy.copy(self)
+        limited._max_calls, limited._calls = max_calls, 0
+        return limited
+
     @property
     def types(self) -> str:
         """Every provider's TypeScript declarations, for a model's prompt."""
@@ -220,6 +236,11 @@ class Providers:
     async def answer(self, call: ToolCall, began: Callable[[], None] = _nothing) -> ToolResult:
         """The ``tool_result`` for a ``tool_call``: the tool's value, or its failure as a stable code
         (``began`` as for ``BoundTool.call``)."""
+        if self._max_calls is not None:
+            self._calls += 1
+            if self._calls > self._max_calls:
+                error = ErrorInfo("tool_error", f"Tool call limit reached ({self._max_calls} per execution)")
+                return ToolResult(callId=call.callId, ok=False, error=error)
         tool = self._tools.get(call.providerName, {}).get(call.safeToolName)
         if tool is None:
             error = ErrorInfo("internal_error", f"Unknown tool {call.providerName}.{call.safeToolName}")
