@@ -22,8 +22,8 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Final, Protocol, TypeAlias
+from types import CodeType, ModuleType
+from typing import Any, Final, Protocol, TypeAlias, cast
 
 import anyio.to_thread
 import jsonschema
@@ -168,8 +168,17 @@ class BoundTool:
         return text.encode()
 
 
-ToolLike: TypeAlias = Callable[..., Any] | Tool
+class _Function(Protocol):
+    """Any Python function: what mypy makes of a dict of functions with different signatures
+    (``{"a": f, "b": g}`` is ``dict[str, function]``, which no ``Callable`` type accepts)."""
+
+    __code__: CodeType
+
+
+ToolLike: TypeAlias = Callable[..., Any] | _Function | Tool
 ProviderTools: TypeAlias = Mapping[str, Mapping[str, ToolLike]]
+"""Tools by namespace, then by name: ``{"namespace": {"tool name": function or Tool}}``. Annotate a
+mapping built apart from the call with it when it mixes functions and ``Tool``s."""
 
 
 class Providers:
@@ -194,7 +203,10 @@ class Providers:
                 suffix = 2
                 while safe in bound:  # two names that sanitize alike, as execbox numbers them
                     safe, suffix = f"{base}__{suffix}", suffix + 1
-                bound[safe] = BoundTool(provider, name, tool if isinstance(tool, Tool) else Tool(tool), approve)
+                described = (
+                    tool if isinstance(tool, Tool) else Tool(cast(Callable[..., Any], tool))
+                )  # a _Function is one
+                bound[safe] = BoundTool(provider, name, described, approve)
             self._tools[provider] = bound
             descriptors = {
                 safe: ToolDescriptor(
