@@ -517,6 +517,19 @@ def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config), "--max-tool-calls", "0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "argument --max-tool-calls: must be an integer > 0" in done.stderr
+    server = {"command": sys.executable, "args": ["-c", "pass"]}
+    config.write_text(json.dumps({"mcpServers": {"my-notes": server, "notes": server, "my_notes": server}}))
+    done = subprocess.run(argv[:6], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"execbox-runner mcp: invalid server list {config}: servers 'my-notes' and 'my_notes' are both the guest"
+        " namespace my_notes; rename one\n"
+    )
+
+
+def test_code_mode_refuses_two_namespaces_that_are_one_in_the_guest() -> None:
+    with pytest.raises(ValueError, match="servers 'a-b' and 'a_b' are both the guest namespace a_b; rename one"):
+        CodeMode(Runner.connect("ws://127.0.0.1:1/"), {"a-b": {"f": double}, "a_b": {"g": double}})
 
 
 def test_a_bad_url_is_a_usage_error_and_a_failed_execution_names_its_reason(tmp_path: Path) -> None:

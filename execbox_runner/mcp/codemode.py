@@ -30,10 +30,10 @@ from ..client import (
     Runner,
     RunnerError,
     ToolCallEvent,
-    safe_name,
 )
 from ..client.tools import ProviderTools
 from ..client.typescript import declare_namespace
+from .config import guest_namespaces
 from .failures import described
 from .provider import upstream_progress, user_approval
 
@@ -79,13 +79,15 @@ class CodeMode:
 
     ``namespaces`` maps a server name (sanitized into a guest global) to its
     tools, for example ``{"github": await mcp_tools(session)}``; any tools of a
-    ``Providers`` mapping may sit beside them (Python functions, ``Tool``s).
+    ``Providers`` mapping may sit beside them (Python functions, ``Tool``s). Two names that are one
+    namespace in the guest (``a-b``, ``a_b``) raise ``ValueError``.
     """
 
     def __init__(self, runner: Runner, namespaces: ProviderTools, bounds: Bounds = DEFAULT_BOUNDS):
         self._runner = runner
         self._bounds = bounds
-        self._providers = Providers({safe_name(name): tools for name, tools in namespaces.items()})
+        guests = guest_namespaces(namespaces)
+        self._providers = Providers({guests[name]: tools for name, tools in namespaces.items()})
         self._catalog = [
             _Entry(
                 namespace,
