@@ -49,6 +49,7 @@ export {
   type ExecutionOptions,
   type Executor,
   type ExecutorRuntimeOptions,
+  type RuntimeLimits,
   type HostTransport,
   type LogMessage,
   type ProviderManifest,

@@ -14,7 +14,7 @@ import { jsonSchemaOf, normalized, type Schema, type SchemaType, validated } fro
 export type ToolDefinition<In = Schema | undefined, Out = Schema | undefined> =
   | ((input: any, context: ToolExecutionContext) => unknown)
   | {
-      description?: string;
+      description?: string | undefined;
       /**
        * The input's schema: a JSON Schema, rendered into the provider's `types` and not validated
        * here; or a Standard Schema (a zod schema, say) or an object of them (an MCP-style
@@ -22,9 +22,9 @@ export type ToolDefinition<In = Schema | undefined, Out = Schema | undefined> =
        * guest's call with `validation_error`, and `execute` gets the value it gives (its defaults
        * and transforms applied).
        */
-      inputSchema?: In & Schema;
+      inputSchema?: (In & Schema) | undefined;
       /** The result's schema, as `inputSchema`: a Standard Schema also checks every result. */
-      outputSchema?: Out & Schema;
+      outputSchema?: (Out & Schema) | undefined;
       execute: (input: SchemaType<In, "output">, context: ToolExecutionContext) => Returned<Out>;
       /**
        * Each call runs only once this approves it: `true` approves; `false` or a reason (a
@@ -32,10 +32,9 @@ export type ToolDefinition<In = Schema | undefined, Out = Schema | undefined> =
        * The guest waits meanwhile, within the execution's timeout; `context.signal` aborts when
        * the execution ends, so a pending question can be dropped.
        */
-      approve?: (
-        input: SchemaType<In, "output">,
-        context: ToolExecutionContext,
-      ) => boolean | string | Promise<boolean | string>;
+      approve?:
+        | ((input: SchemaType<In, "output">, context: ToolExecutionContext) => boolean | string | Promise<boolean | string>)
+        | undefined;
     };
 
 /** What `execute` returns: anything, or what a Standard `outputSchema` takes (or a promise of it). */
@@ -53,11 +52,11 @@ type Schemas = Record<string, unknown>;
 /** A provider for {@link defineProvider}. */
 export interface ProviderDefinition<In extends Schemas = Schemas, Out extends Schemas = Schemas> {
   /** The guest namespace (a JavaScript identifier); defaults to `codemode`, as in execbox. */
-  name?: string;
+  name?: string | undefined;
   /** Tools keyed by their original names. */
   tools: { [K in keyof In & keyof Out]: ToolDefinition<In[K], Out[K]> };
   /** TypeScript declarations for the model; rendered from the schemas when omitted. */
-  types?: string;
+  types?: string | undefined;
 }
 
 const RESERVED = new Set(

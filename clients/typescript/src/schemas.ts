@@ -27,7 +27,7 @@ export type StandardResult =
   | {
       readonly issues: ReadonlyArray<{
         readonly message: string;
-        readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }>;
+        readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> | undefined;
       }>;
     };
 
