@@ -323,6 +323,11 @@ def test_a_wrong_token_is_refused(backend: str, guarded: Daemon) -> None:
     with pytest.raises(Unauthorized) as refused:
         run(backend, Runner.connect(guarded.url, token="wrong-token"), "1")
     assert refused.value.status == 401
+    assert str(refused.value) == (  # the runner's reason, not its JSON body
+        f"{guarded.url} refused the WebSocket handshake with HTTP 401: exactly one Authorization header with a "
+        "valid bearer token is required"
+    )
+    assert json.loads(refused.value.body)["error"] == "unauthorized"
     assert run(backend, Runner.connect(guarded.url, token="right-token"), "1").result == 1
 
 

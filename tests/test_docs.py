@@ -105,6 +105,25 @@ def test_every_runnable_snippet_runs_as_written(page: Path, tmp_path: Path) -> N
             run(snippet, directory, address)
 
 
+def test_the_runnable_python_snippets_pass_mypy_strict(tmp_path: Path) -> None:
+    """What a reader copies into a strictly typed project type-checks against the checkout's package;
+    not the snippets of the MCP SDK's client, whose result content a snippet would have to narrow."""
+    python = [snippet for found in RUNNABLE.values() for snippet in found if snippet.language == "python"]
+    checked = [snippet for snippet in python if "from mcp import" not in snippet.text]
+    assert len(checked) > len(python) / 2
+    for number, snippet in enumerate(checked):
+        (tmp_path / f"snippet_{number}.py").write_text(f"# {snippet}\n{snippet.text}")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache"), "."],
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=SNIPPET_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_the_site_builds_without_a_warning(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],

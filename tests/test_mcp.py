@@ -28,7 +28,7 @@ import mcp_types
 from mcp import Client, StdioServerParameters
 
 from execbox_runner import __version__
-from execbox_runner.client import Providers, Runner
+from execbox_runner.client import Providers, Runner, Tool
 from execbox_runner.mcp.codemode import Bounds, CodeMode
 from execbox_runner.mcp.config import UpstreamServer
 from execbox_runner.mcp.provider import mcp_tools, result_json
@@ -246,6 +246,38 @@ def test_bounds_on_tool_calls_and_result_size(daemon: Daemon, upstream: StdioSer
     assert big.structured_content is None and not big.is_error
     assert len(big.content[0].text) < 400 and big.content[0].text.endswith("characters left out]")
     assert "function slow_echo(" in found and "function add(" not in found
+
+
+def double(n: int) -> int:
+    """Double a number."""
+    return 2 * n
+
+
+async def shout(text: str) -> str:
+    return text.upper()
+
+
+def test_code_mode_takes_python_tools_beside_mcp_ones(daemon: Daemon, upstream: StdioServerParameters) -> None:
+    both = "[await py.double({n: 21}), await py.shout({text: 'hi'}), (await up.add({a: 1, b: 2})).result]"
+
+    async def main() -> tuple[str, Any, Any]:
+        async with Client(upstream) as client:
+            tools = {
+                "up": await mcp_tools(client.session),
+                "py": {"double": double, "shout": Tool(shout, description="Upper-case text.")},
+            }
+            code_mode = CodeMode(Runner.connect(daemon.url), tools, Bounds(max_tool_calls=3))
+            ran = await code_mode.execute_code(both)
+            over = await code_mode.execute_code(  # refused calls count too
+                "const codes = []; for (let i = 0; i < 4; i++) codes.push(await py.double({n: 'x'}).catch((e) => e.code)); codes"
+            )
+            return code_mode.search_tools("double shout"), ran, over
+
+    found, ran, over = run(main)
+    assert "Double a number." in found and "function double(input: {\n    n: number;\n  }): Promise<number>;" in found
+    assert "Upper-case text." in found and "function shout(input: {\n    text: string;\n  }): Promise<string>;" in found
+    assert ran.structured_content == {"ok": True, "result": [42, "HI", 3], "error": None, "logs": []}
+    assert over.structured_content["result"] == ["validation_error"] * 3 + ["tool_error"]
 
 
 WALKTHROUGH = """
@@ -485,6 +517,19 @@ def test_a_bad_config_is_a_usage_error(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "execbox_runner", "mcp", "--config", str(config), "--max-tool-calls", "0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "argument --max-tool-calls: must be an integer > 0" in done.stderr
+    server = {"command": sys.executable, "args": ["-c", "pass"]}
+    config.write_text(json.dumps({"mcpServers": {"my-notes": server, "notes": server, "my_notes": server}}))
+    done = subprocess.run(argv[:6], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"execbox-runner mcp: invalid server list {config}: servers 'my-notes' and 'my_notes' are both the guest"
+        " namespace my_notes; rename one\n"
+    )
+
+
+def test_code_mode_refuses_two_namespaces_that_are_one_in_the_guest() -> None:
+    with pytest.raises(ValueError, match="servers 'a-b' and 'a_b' are both the guest namespace a_b; rename one"):
+        CodeMode(Runner.connect("ws://127.0.0.1:1/"), {"a-b": {"f": double}, "a_b": {"g": double}})
 
 
 def test_a_bad_url_is_a_usage_error_and_a_failed_execution_names_its_reason(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from .errors import (
 from .events import DoneEvent, Event, LogEvent, ToolCallEvent
 from .execution import ExecuteResult
 from .runner import EventStream, Limits, Runner
-from .tools import Providers, Tool, safe_name
+from .tools import Providers, ProviderTools, Tool, safe_name
 
 __all__ = [
     "ApprovalRequest",
@@ -34,6 +34,7 @@ __all__ = [
     "ExecuteResult",
     "Limits",
     "LogEvent",
+    "ProviderTools",
     "Providers",
     "QuotaExceeded",
     "Runner",

@@ -42,7 +42,8 @@ class RunnerRefused(RunnerError):
     """The runner answered the handshake with an HTTP error instead of a session."""
 
     def __init__(self, url: str, status: int, body: str, retry_after: float | None) -> None:
-        detail = f": {body.strip()}" if body.strip() else ""
+        reason = _field(body, "message") or body.strip()  # the runner's reason, not its JSON
+        detail = f": {reason}" if reason else ""
         super().__init__(f"{url} refused the WebSocket handshake with HTTP {status}{detail}")
         self.status = status
         self.body = body
@@ -63,11 +64,7 @@ class QuotaExceeded(RunnerRefused):
 
     def __init__(self, url: str, status: int, body: str, retry_after: float | None) -> None:
         super().__init__(url, status, body, retry_after)
-        try:
-            quota = json.loads(body).get("quota")
-        except (ValueError, AttributeError):
-            quota = None
-        self.quota: str | None = quota if isinstance(quota, str) else None
+        self.quota = _field(body, "quota")
 
 
 class RunnerDisconnected(RunnerError):
@@ -81,3 +78,12 @@ class RunnerDisconnected(RunnerError):
 
 class RunnerProtocolError(RunnerError):
     """The runner sent something that is not a runner message; the connection was closed."""
+
+
+def _field(body: str, name: str) -> str | None:
+    """A string field of a runner's JSON answer to a refused handshake, if it has one."""
+    try:
+        value = json.loads(body).get(name)
+    except (ValueError, AttributeError):
+        return None
+    return value.strip() or None if isinstance(value, str) else None

@@ -14,15 +14,16 @@ receives the input value as its one argument, checked with ``jsonschema``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Final, Protocol, TypeAlias
+from types import CodeType, ModuleType
+from typing import Any, Final, Protocol, TypeAlias, cast
 
 import anyio.to_thread
 import jsonschema
@@ -167,8 +168,17 @@ class BoundTool:
         return text.encode()
 
 
-ToolLike: TypeAlias = Callable[..., Any] | Tool
+class _Function(Protocol):
+    """Any Python function: what mypy makes of a dict of functions with different signatures
+    (``{"a": f, "b": g}`` is ``dict[str, function]``, which no ``Callable`` type accepts)."""
+
+    __code__: CodeType
+
+
+ToolLike: TypeAlias = Callable[..., Any] | _Function | Tool
 ProviderTools: TypeAlias = Mapping[str, Mapping[str, ToolLike]]
+"""Tools by namespace, then by name: ``{"namespace": {"tool name": function or Tool}}``. Annotate a
+mapping built apart from the call with it when it mixes functions and ``Tool``s."""
 
 
 class Providers:
@@ -182,6 +192,8 @@ class Providers:
         """``approve``: the approval every tool without its own ``approve`` needs (``approval``)."""
         self._tools: dict[str, dict[str, BoundTool]] = {}
         self._manifests: list[ProviderManifest] = []
+        self._max_calls: int | None = None  # no bound on the number of calls (``_limited``)
+        self._calls = 0
         for provider, tools in providers.items():
             if not _IDENTIFIER.match(provider) or provider in _RESERVED:
                 raise ValueError(f"Invalid provider namespace: {provider!r} (it becomes a guest global)")
@@ -191,7 +203,10 @@ class Providers:
                 suffix = 2
                 while safe in bound:  # two names that sanitize alike, as execbox numbers them
                     safe, suffix = f"{base}__{suffix}", suffix + 1
-                bound[safe] = BoundTool(provider, name, tool if isinstance(tool, Tool) else Tool(tool), approve)
+                described = (
+                    tool if isinstance(tool, Tool) else Tool(cast(Callable[..., Any], tool))
+                )  # a _Function is one
+                bound[safe] = BoundTool(provider, name, described, approve)
             self._tools[provider] = bound
             descriptors = {
                 safe: ToolDescriptor(
@@ -212,6 +227,19 @@ class Providers:
     def manifests(self) -> list[ProviderManifest]:
         return self._manifests
 
+    def _bound_tools(self) -> Iterator[tuple[str, str, BoundTool]]:
+        """Each tool as the guest calls it: its namespace, its safe name and the tool."""
+        for provider, tools in self._tools.items():
+            for safe, tool in tools.items():
+                yield provider, safe, tool
+
+    def _limited(self, max_calls: int) -> Providers:
+        """These tools for one execution, which may call them ``max_calls`` times in all: later calls
+        (whatever they ask) answer ``tool_error`` and run nothing. The tools stay resolved once."""
+        limited = copy.copy(self)
+        limited._max_calls, limited._calls = max_calls, 0
+        return limited
+
     @property
     def types(self) -> str:
         """Every provider's TypeScript declarations, for a model's prompt."""
@@ -220,6 +248,11 @@ class Providers:
     async def answer(self, call: ToolCall, began: Callable[[], None] = _nothing) -> ToolResult:
         """The ``tool_result`` for a ``tool_call``: the tool's value, or its failure as a stable code
         (``began`` as for ``BoundTool.call``)."""
+        if self._max_calls is not None:
+            self._calls += 1
+            if self._calls > self._max_calls:
+                error = ErrorInfo("tool_error", f"Tool call limit reached ({self._max_calls} per execution)")
+                return ToolResult(callId=call.callId, ok=False, error=error)
         tool = self._tools.get(call.providerName, {}).get(call.safeToolName)
         if tool is None:
             error = ErrorInfo("internal_error", f"Unknown tool {call.providerName}.{call.safeToolName}")

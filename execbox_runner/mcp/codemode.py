@@ -13,10 +13,9 @@ program at work.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -30,12 +29,11 @@ from ..client import (
     Providers,
     Runner,
     RunnerError,
-    Tool,
     ToolCallEvent,
-    ToolError,
-    safe_name,
 )
-from ..client.typescript import declare_function, declare_namespace
+from ..client.tools import ProviderTools
+from ..client.typescript import declare_namespace
+from .config import guest_namespaces
 from .failures import described
 from .provider import upstream_progress, user_approval
 
@@ -80,24 +78,29 @@ class CodeMode:
     """``search_tools`` and ``execute_code`` over provider namespaces, run on ``runner``.
 
     ``namespaces`` maps a server name (sanitized into a guest global) to its
-    tools, for example ``{"github": await mcp_tools(session)}``.
+    tools, for example ``{"github": await mcp_tools(session)}``; any tools of a
+    ``Providers`` mapping may sit beside them (Python functions, ``Tool``s). Two names that are one
+    namespace in the guest (``a-b``, ``a_b``) raise ``ValueError``.
     """
 
-    def __init__(self, runner: Runner, namespaces: Mapping[str, Mapping[str, Tool]], bounds: Bounds = DEFAULT_BOUNDS):
+    def __init__(self, runner: Runner, namespaces: ProviderTools, bounds: Bounds = DEFAULT_BOUNDS):
         self._runner = runner
         self._bounds = bounds
-        self._namespaces = {safe_name(name): dict(tools) for name, tools in namespaces.items()}
-        self._catalog: list[_Entry] = []
-        for manifest in Providers(self._namespaces).manifests:  # the safe names exactly as the guest gets them
-            tools = self._namespaces[manifest.name].items()
-            for safe, (name, tool) in zip(manifest.tools, tools, strict=True):  # the manifest keeps their order
-                declaration = declare_function(safe, tool.description, tool.input_schema, tool.output_schema)
-                text = f"{manifest.name}.{safe} {name} {tool.description or ''}".lower()
-                self._catalog.append(_Entry(manifest.name, safe, declaration, text))
+        guests = guest_namespaces(namespaces)
+        self._providers = Providers({guests[name]: tools for name, tools in namespaces.items()})
+        self._catalog = [
+            _Entry(
+                namespace,
+                safe,
+                tool.declaration(safe),
+                f"{namespace}.{safe} {tool.original_name} {tool.description or ''}".lower(),
+            )
+            for namespace, safe, tool in self._providers._bound_tools()
+        ]
 
     @property
     def namespaces(self) -> list[str]:
-        return list(self._namespaces)
+        return [manifest.name for manifest in self._providers.manifests]
 
     def search_tools(self, query: str = "", limit: int = 10) -> str:
         """TypeScript declarations of the tools that best match ``query`` (every word counts; empty: all)."""
@@ -153,10 +156,9 @@ class CodeMode:
     async def _run(self, code: str, say: Callable[[str], Awaitable[None]]) -> ExecuteResult:
         """One execution within the bounds, each log line and tool call told to ``say`` as it happens."""
         bounds = self._bounds
-        providers = Providers(_counted(self._namespaces, bounds.max_tool_calls))
         async with self._runner.events(
             code,
-            providers,
+            self._providers._limited(bounds.max_tool_calls),
             timeout_ms=bounds.timeout_ms,
             memory_limit_bytes=bounds.memory_limit_bytes,
             max_log_lines=bounds.max_log_lines,
@@ -175,23 +177,6 @@ class CodeMode:
 def _failed(code: str, message: str) -> dict[str, Any]:
     """The answer of an execution that did not run to its end, in the shape of every other."""
     return {"ok": False, "result": None, "error": {"code": code, "message": message}, "logs": []}
-
-
-def _counted(namespaces: Mapping[str, Mapping[str, Tool]], limit: int) -> dict[str, dict[str, Tool]]:
-    """The tools of one execution, sharing a budget of ``limit`` calls; calls beyond it are ``tool_error``."""
-    calls = 0
-
-    def counted(tool: Tool) -> Tool:
-        async def call(arguments: Any) -> Any:
-            nonlocal calls
-            calls += 1
-            if calls > limit:
-                raise ToolError("tool_error", f"Tool call limit reached ({limit} per execution)")
-            return await tool.func(arguments)
-
-        return dataclasses.replace(tool, func=call)
-
-    return {name: {tool_name: counted(tool) for tool_name, tool in tools.items()} for name, tools in namespaces.items()}
 
 
 def _truncate(text: str, limit: int) -> str:

@@ -11,9 +11,12 @@ through MCP elicitation while the program waits.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
+
+from ..client import safe_name
 
 
 class UpstreamServer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -40,8 +43,23 @@ class ServersConfig(msgspec.Struct, frozen=True):
 def load_servers(path: str | Path) -> dict[str, UpstreamServer]:
     """The servers of a config file; a bad file raises ``ValueError`` naming what is wrong."""
     try:
-        return msgspec.json.decode(Path(path).read_bytes(), type=ServersConfig).mcpServers
+        servers = msgspec.json.decode(Path(path).read_bytes(), type=ServersConfig).mcpServers
+        guest_namespaces(servers)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    except msgspec.DecodeError as exc:  # includes ValidationError and the checks above
+    except (msgspec.DecodeError, ValueError) as exc:  # DecodeError includes ValidationError and the checks above
         raise ValueError(f"invalid server list {path}: {exc}") from None
+    return servers
+
+
+def guest_namespaces(names: Iterable[str]) -> dict[str, str]:
+    """The guest namespace of each server name (sanitized like tool names); ``ValueError`` for two
+    names that would be the same namespace, one of which would hide the other."""
+    namespaces: dict[str, str] = {}
+    for name in names:
+        namespace = safe_name(name)
+        other = next((seen for seen, taken in namespaces.items() if taken == namespace), None)
+        if other is not None:
+            raise ValueError(f"servers {other!r} and {name!r} are both the guest namespace {namespace}; rename one")
+        namespaces[name] = namespace
+    return namespaces

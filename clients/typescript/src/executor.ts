@@ -24,18 +24,18 @@ export interface RunnerExecutorOptions
   extends ExecutorRuntimeOptions,
     Omit<ConnectOptions, "url" | "signal"> {
   /** The runner, `ws://host:port/` or `wss://host:port/`. Required unless `connectTransport` is given. */
-  url?: string | URL;
+  url?: string | URL | undefined;
   /**
    * Opens the connection for one execution instead of `url` (any execbox
    * `HostTransport`, as `@execbox/remote`'s `connectTransport` did).
    */
-  connectTransport?: () => HostTransport | Promise<HostTransport>;
+  connectTransport?: (() => HostTransport | Promise<HostTransport>) | undefined;
   /** Time between `cancel` and closing the connection if no `done` came (default 25 ms). */
-  cancelGraceMs?: number;
+  cancelGraceMs?: number | undefined;
   /** The host cancels at `timeoutMs` plus this, in case the runner does not (default 100 ms). */
-  timeoutBackstopMs?: number;
+  timeoutBackstopMs?: number | undefined;
   /** `onLog` for every execution that does not pass its own (see `ExecutionOptions.onLog`). */
-  onLog?: (line: string) => void;
+  onLog?: ((line: string) => void) | undefined;
   /**
    * A handshake refused as busy (503) or over a tenant's quota (429) is tried again up to this many
    * times (default 0), after the runner's `Retry-After` (at most 30 s) or a doubling backoff from
@@ -43,7 +43,7 @@ export interface RunnerExecutorOptions
    * would end after the execution's `timeoutMs` (counted from `execute`) is not made: the refusal
    * is the result at once.
    */
-  retries?: number;
+  retries?: number | undefined;
 }
 
 const RETRY_BACKOFF_MS = 250;

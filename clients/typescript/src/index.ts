@@ -33,7 +33,7 @@ export {
   type ProviderDefinition,
   type ToolDefinition,
 } from "./provider.js";
-export { type Schema, type StandardResult, type StandardSchema } from "./schemas.js";
+export { type Schema, type SchemaType, type StandardResult, type StandardSchema } from "./schemas.js";
 export {
   DEFAULT_RUNTIME_OPTIONS,
   ExecuteFailure,
@@ -49,6 +49,7 @@ export {
   type ExecutionOptions,
   type Executor,
   type ExecutorRuntimeOptions,
+  type RuntimeLimits,
   type HostTransport,
   type LogMessage,
   type ProviderManifest,

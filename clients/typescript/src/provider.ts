@@ -4,13 +4,17 @@ import {
   type ResolvedToolProvider,
   type ToolExecutionContext,
 } from "./types.js";
-import { jsonSchemaOf, normalized, type Schema, validated } from "./schemas.js";
+import { jsonSchemaOf, normalized, type Schema, type SchemaType, validated } from "./schemas.js";
 
-/** One tool for {@link defineProvider}: a function, or a function with metadata. */
-export type ToolDefinition =
+/**
+ * One tool for {@link defineProvider}: a function, or a function with metadata. With a Standard
+ * Schema (or a shape of them) as `inputSchema`, `execute` and `approve` get its output type, and
+ * with one as `outputSchema`, `execute` must return its input type.
+ */
+export type ToolDefinition<In = Schema | undefined, Out = Schema | undefined> =
   | ((input: any, context: ToolExecutionContext) => unknown)
   | {
-      description?: string;
+      description?: string | undefined;
       /**
        * The input's schema: a JSON Schema, rendered into the provider's `types` and not validated
        * here; or a Standard Schema (a zod schema, say) or an object of them (an MCP-style
@@ -18,27 +22,41 @@ export type ToolDefinition =
        * guest's call with `validation_error`, and `execute` gets the value it gives (its defaults
        * and transforms applied).
        */
-      inputSchema?: Schema;
+      inputSchema?: (In & Schema) | undefined;
       /** The result's schema, as `inputSchema`: a Standard Schema also checks every result. */
-      outputSchema?: Schema;
-      execute: (input: any, context: ToolExecutionContext) => unknown;
+      outputSchema?: (Out & Schema) | undefined;
+      execute: (input: SchemaType<In, "output">, context: ToolExecutionContext) => Returned<Out>;
       /**
        * Each call runs only once this approves it: `true` approves; `false` or a reason (a
        * string) refuses, and the guest's call rejects with `tool_error` (the tool does not run).
        * The guest waits meanwhile, within the execution's timeout; `context.signal` aborts when
        * the execution ends, so a pending question can be dropped.
        */
-      approve?: (input: any, context: ToolExecutionContext) => boolean | string | Promise<boolean | string>;
+      approve?:
+        | ((input: SchemaType<In, "output">, context: ToolExecutionContext) => boolean | string | Promise<boolean | string>)
+        | undefined;
     };
 
+/** What `execute` returns: anything, or what a Standard `outputSchema` takes (or a promise of it). */
+type Returned<Out> =
+  unknown extends SchemaType<Out, "input">
+    ? unknown
+    : SchemaType<Out, "input"> | Promise<SchemaType<Out, "input">>;
+
+/**
+ * The input (or output) schemas of a provider's tools by tool name, which `defineProvider` infers
+ * to type each tool; a tool without one has `unknown` there.
+ */
+type Schemas = Record<string, unknown>;
+
 /** A provider for {@link defineProvider}. */
-export interface ProviderDefinition {
+export interface ProviderDefinition<In extends Schemas = Schemas, Out extends Schemas = Schemas> {
   /** The guest namespace (a JavaScript identifier); defaults to `codemode`, as in execbox. */
-  name?: string;
+  name?: string | undefined;
   /** Tools keyed by their original names. */
-  tools: Record<string, ToolDefinition>;
+  tools: { [K in keyof In & keyof Out]: ToolDefinition<In[K], Out[K]> };
   /** TypeScript declarations for the model; rendered from the schemas when omitted. */
-  types?: string;
+  types?: string | undefined;
 }
 
 const RESERVED = new Set(
@@ -167,7 +185,9 @@ function approved(
  * the like), not against JSON Schemas: with those, validate in the tool, and throw
  * `new ExecuteFailure("validation_error", ...)` to answer with that code.
  */
-export function defineProvider(definition: ProviderDefinition): ResolvedToolProvider {
+export function defineProvider<In extends Schemas, Out extends Schemas>(
+  definition: ProviderDefinition<In, Out>,
+): ResolvedToolProvider {
   const name = definition.name ?? "codemode";
   if (!IDENTIFIER.test(name) || RESERVED.has(name)) {
     throw new TypeError(`Invalid provider namespace: ${name}`);

@@ -6,9 +6,9 @@ import { ExecuteFailure, type ToolExecutionContext } from "./types.js";
 /**
  * A schema of any library that implements Standard Schema (https://standardschema.dev): zod 4,
  * valibot, ArkType, ... Its `jsonSchema` (Standard JSON Schema, zod 4.2 and later among them)
- * gives the JSON Schema rendered into `types`.
+ * gives the JSON Schema rendered into `types`; its `types` (a type only) what it takes and gives.
  */
-export interface StandardSchema {
+export interface StandardSchema<Input = unknown, Output = Input> {
   readonly "~standard": {
     readonly version: 1;
     readonly vendor: string;
@@ -17,6 +17,7 @@ export interface StandardSchema {
       readonly input: (options: { target: string }) => Record<string, unknown>;
       readonly output: (options: { target: string }) => Record<string, unknown>;
     };
+    readonly types?: { readonly input: Input; readonly output: Output } | undefined;
   };
 }
 
@@ -26,12 +27,37 @@ export type StandardResult =
   | {
       readonly issues: ReadonlyArray<{
         readonly message: string;
-        readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }>;
+        readonly path?: ReadonlyArray<PropertyKey | { readonly key: PropertyKey }> | undefined;
       }>;
     };
 
 /** A tool's schema: a JSON Schema, a {@link StandardSchema}, or an object of Standard Schemas (a shape). */
 export type Schema = Record<string, unknown> | StandardSchema;
+
+/**
+ * The type of the values a schema takes (`"input"`) or gives (`"output"`): a Standard Schema's own,
+ * a shape's object of its members' (those that may be `undefined` optional); `any` for a JSON
+ * Schema or none, which are not validated here.
+ */
+export type SchemaType<S, Side extends "input" | "output"> = S extends {
+  readonly "~standard": { readonly types?: infer Types };
+}
+  ? NonNullable<Types> extends { readonly input: infer Input; readonly output: infer Output }
+    ? Side extends "input"
+      ? Input
+      : Output
+    : unknown
+  : S extends Record<string, StandardSchema>
+    ? [keyof S] extends [never]
+      ? any
+      : Flat<Members<{ [K in keyof S]: SchemaType<S[K], Side> }>>
+    : any;
+
+type Members<T> = { [K in keyof T as undefined extends T[K] ? never : K]: T[K] } & {
+  [K in keyof T as undefined extends T[K] ? K : never]?: T[K];
+};
+
+type Flat<T> = { [K in keyof T]: T[K] };
 
 /**
  * A tool's schema as `jsonSchemaOf` and `validated` take it, made once per schema: a shape becomes

@@ -13,6 +13,7 @@ import {
   type ResolvedToolDescriptor,
   type ResolvedToolProvider,
   type RunnerMessage,
+  type RuntimeLimits,
   type ToolCallMessage,
   type ToolResultMessage,
   type TransportCloseReason,
@@ -33,29 +34,29 @@ export interface HostSessionOptions {
   code: string;
   providers: ResolvedToolProvider[];
   /** Limits sent to the runner; missing ones take execbox's defaults. */
-  runtimeOptions?: ExecutorRuntimeOptions;
+  runtimeOptions?: ExecutorRuntimeOptions | undefined;
   /** Aborting it cancels the execution (`timeout` result). */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
   /** Defaults to a random UUID. */
-  executionId?: string;
+  executionId?: string | undefined;
   /** Time between `cancel` and closing the connection if no `done` came (25 ms). */
-  cancelGraceMs?: number;
+  cancelGraceMs?: number | undefined;
   /** The host cancels at `timeoutMs` plus this (100 ms), in case the runner does not. */
-  timeoutBackstopMs?: number;
+  timeoutBackstopMs?: number | undefined;
   /**
    * Called with each log line, once and in order: from the runner's `log` messages (live logs,
    * when the transport asked for them) and then the `done`'s lines not yet shown. If it throws,
    * the transport is terminated and the result is `internal_error` ("onLog threw: ...").
    */
-  onLog?: (line: string) => void;
+  onLog?: ((line: string) => void) | undefined;
   /** Called as each tool starts; what it returns is called as the tool ends (with its error code if it failed). */
-  onToolStart?: (providerName: string, safeToolName: string) => (failed?: string) => void;
+  onToolStart?: ((providerName: string, safeToolName: string) => (failed?: string) => void) | undefined;
   /**
    * Dispose the transport when the session ends (default `true`). Set `false` to run
    * several executions one after the other on the same connection; the transport is
    * still terminated when the runner has to be cut off.
    */
-  disposeTransport?: boolean;
+  disposeTransport?: boolean | undefined;
 }
 
 /** A `timeout` failure, as execbox reports cancellation. */
@@ -87,7 +88,7 @@ export function internalErrorResult(message: string, durationMs = 0): ExecuteRes
 export function resolveRuntimeOptions(
   base: ExecutorRuntimeOptions = {},
   overrides: ExecutorRuntimeOptions = {},
-): Required<ExecutorRuntimeOptions> {
+): RuntimeLimits {
   return {
     maxLogChars:
       overrides.maxLogChars ?? base.maxLogChars ?? DEFAULT_RUNTIME_OPTIONS.maxLogChars,
@@ -105,7 +106,7 @@ export function resolveRuntimeOptions(
  * Why these limits cannot be sent (each must be a finite number, at least 0), or
  * `undefined` when they can.
  */
-export function checkRuntimeOptions(options: Required<ExecutorRuntimeOptions>): string | undefined {
+export function checkRuntimeOptions(options: RuntimeLimits): string | undefined {
   for (const key of ["timeoutMs", "memoryLimitBytes", "maxLogLines", "maxLogChars"] as const) {
     const value: unknown = options[key];
     if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
@@ -126,7 +127,7 @@ function isObject(value: unknown): value is Record<string, unknown> {
  */
 export function checkExecutionInput(
   providers: unknown,
-  runtimeOptions: Required<ExecutorRuntimeOptions>,
+  runtimeOptions: RuntimeLimits,
   signal: unknown,
 ): string | undefined {
   if (!Array.isArray(providers)) {

@@ -10,14 +10,14 @@ import type {
 /** TLS settings for `wss://` with the `ws` package (ignored by a platform WebSocket). */
 export interface TlsOptions {
   /** Trusted CA certificates (PEM), for a runner with a private or self-signed certificate. */
-  ca?: string | Uint8Array | Array<string | Uint8Array>;
+  ca?: string | Uint8Array | Array<string | Uint8Array> | undefined;
   /** Client certificate and key (PEM), if the runner's proxy asks for one. */
-  cert?: string | Uint8Array;
-  key?: string | Uint8Array;
+  cert?: string | Uint8Array | undefined;
+  key?: string | Uint8Array | undefined;
   /** Defaults to `true`; `false` accepts any certificate (for tests only). */
-  rejectUnauthorized?: boolean;
+  rejectUnauthorized?: boolean | undefined;
   /** Server name for SNI and certificate checks, if not the URL's host. */
-  servername?: string;
+  servername?: string | undefined;
 }
 
 /**
@@ -43,25 +43,25 @@ export interface ConnectOptions {
   /** `ws://host:port/` or `wss://host:port/`. */
   url: string | URL;
   /** Sent as `Authorization: Bearer <token>`: printable ASCII without spaces, not empty. */
-  token?: string;
+  token?: string | undefined;
   /** Extra handshake headers. */
-  headers?: Record<string, string>;
+  headers?: Record<string, string> | undefined;
   /** Bound on the WebSocket handshake, TLS included (default 10,000 ms). */
-  connectTimeoutMs?: number;
+  connectTimeoutMs?: number | undefined;
   /** How long `dispose()` waits for the closing handshake before dropping the socket (default 1,000 ms). */
-  closeTimeoutMs?: number;
+  closeTimeoutMs?: number | undefined;
   /** TLS settings for `wss://` (with `ws`). */
-  tls?: TlsOptions;
+  tls?: TlsOptions | undefined;
   /** Largest accepted runner message in bytes (with `ws`; default 64 MiB). */
-  maxPayload?: number;
+  maxPayload?: number | undefined;
   /**
    * A WHATWG WebSocket constructor to use instead of the `ws` package, such as
    * `globalThis.WebSocket`. Headers (the token) are passed as `{ headers }`, which
    * Node 22+ (undici), Bun and Deno accept and browsers do not.
    */
-  WebSocket?: WebSocketConstructorLike;
+  WebSocket?: WebSocketConstructorLike | undefined;
   /** Aborts connecting. */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
 }
 
 /** The runner could not be reached, or refused the handshake. */

@@ -40,22 +40,25 @@ export type ExecuteResult<T = unknown> =
 
 /** Limits sent to the runner with each execution. */
 export interface ExecutorRuntimeOptions {
-  maxLogChars?: number;
-  maxLogLines?: number;
-  memoryLimitBytes?: number;
-  timeoutMs?: number;
+  maxLogChars?: number | undefined;
+  maxLogLines?: number | undefined;
+  memoryLimitBytes?: number | undefined;
+  timeoutMs?: number | undefined;
 }
+
+/** The limits with every one set, as an `execute` carries them. */
+export type RuntimeLimits = { [K in keyof ExecutorRuntimeOptions]-?: number };
 
 /** Per-call options of {@link Executor.execute}. */
 export interface ExecutionOptions extends ExecutorRuntimeOptions {
   /** Aborting it cancels the execution; the result is then a `timeout` failure. */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
   /**
    * Called with each line the guest logs, once and in order: as it is written when the runner
    * offers live logs (execbox-runner does), else all when the execution ends. The result's
    * `logs` has the same lines. If it throws, the execution ends with `internal_error`.
    */
-  onLog?: (line: string) => void;
+  onLog?: ((line: string) => void) | undefined;
 }
 
 /** Passed to a tool's `execute` with every call. */
@@ -69,9 +72,9 @@ export interface ToolExecutionContext {
 
 /** One tool of a resolved provider (execbox's `ResolvedToolDescriptor`). */
 export interface ResolvedToolDescriptor {
-  description?: string;
-  inputSchema?: Record<string, unknown>;
-  outputSchema?: Record<string, unknown>;
+  description?: string | undefined;
+  inputSchema?: Record<string, unknown> | undefined;
+  outputSchema?: Record<string, unknown> | undefined;
   originalName: string;
   safeName: string;
   execute: (input: unknown, context: ToolExecutionContext) => Promise<unknown>;
@@ -117,7 +120,7 @@ export interface ExecuteMessage {
   type: "execute";
   id: string;
   code: string;
-  options: Required<ExecutorRuntimeOptions>;
+  options: RuntimeLimits;
   providers: ProviderManifest[];
 }
 
@@ -211,7 +214,7 @@ export interface HostTransport {
 }
 
 /** The default limits, the same as execbox's. */
-export const DEFAULT_RUNTIME_OPTIONS: Readonly<Required<ExecutorRuntimeOptions>> =
+export const DEFAULT_RUNTIME_OPTIONS: Readonly<RuntimeLimits> =
   Object.freeze({
     maxLogChars: 64_000,
     maxLogLines: 100,

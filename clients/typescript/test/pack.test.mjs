@@ -151,4 +151,13 @@ console.log(JSON.stringify(result));
   const result = JSON.parse(stdout.trim());
   assert.equal(result.ok, true, stdout);
   assert.equal(result.result, "ANSWER 42!");
+
+  // 5. A CommonJS project's require() finds it: loaded where Node requires ES modules (20.19,
+  //    22.12 and later), else Node's own ERR_REQUIRE_ESM, never "no exports main defined".
+  const required = await run(
+    process.execPath,
+    ["-e", 'try { console.log(typeof require("@execbox-runner/client").RunnerExecutor) } catch (e) { console.log(e.code) }'],
+    { cwd: consumer, timeout: 30_000 },
+  );
+  assert.match(required.stdout.trim(), /^(function|ERR_REQUIRE_ESM)$/);
 });
