@@ -69,9 +69,14 @@ def test_the_ledger_refuses_past_each_quota_and_says_when_to_retry() -> None:
     quota, wait, _ = ledger.refusal("a", 120.0) or ("", 0.0, "")
     assert quota == "executions_per_minute" and wait == pytest.approx(40.0)  # the first start leaves at 160
     assert ledger.refusal("a", 160.5) is None
-    ledger.execution_started("b", 10, 0.0)
+    ledger.execution_started("b", 6, 0.0)
+    assert ledger.refusal("b", 0.0) is None  # a session may open: 4 bytes are left
+    assert ledger.refusal("b", 0.0, opening=False, memory_limit=4) is None
+    assert (ledger.refusal("b", 0.0, opening=False, memory_limit=5) or ("",))[0] == "memory_in_flight_bytes"
+    ledger.execution_started("b", 4, 0.0)
     assert (ledger.refusal("b", 0.0) or ("",))[0] == "memory_in_flight_bytes"
-    ledger.execution_ended("b", 10)
+    ledger.execution_ended("b", 6)
+    ledger.execution_ended("b", 4)
     assert ledger.refusal("b", 0.0) is None and ledger.refusal("nobody", 0.0) is None
     cpu = Ledger([Tenant("c", cpu_seconds_per_minute=2)])
     cpu.add_cpu("c", 1.5, 10.0)
@@ -188,6 +193,22 @@ def test_an_execute_refused_while_one_runs_leaves_that_ones_memory_counted(daemo
         done = receive(second)
         assert (done["id"], done["ok"], done["error"]["code"]) == ("more", False, "internal_error")
         assert done["error"]["message"].endswith(" s (quota memory_in_flight_bytes)")
+
+
+def test_the_memory_quota_bounds_the_sum_of_the_running_executions(daemon: Daemon) -> None:
+    """``memory_in_flight_bytes`` (100 MB for acme) counts the execute's own ``memoryLimitBytes``: 60 MB
+    running leaves no room for another 60 MB, which is refused naming both, but room for 40 MB."""
+    with client(daemon.url, **bearer("acme-1")) as first, client(daemon.url, **bearer("acme-2")) as second:
+        first.send(execute("held", "await new Promise(() => {})", memoryLimitBytes=60_000_000))
+        assert receive(first)["type"] == "started"
+        second.send(execute("past", "1", memoryLimitBytes=60_000_000))
+        done = receive(second)
+        assert (done["id"], done["ok"], done["error"]["code"]) == ("past", False, "internal_error")
+        assert done["error"]["message"].startswith(
+            "tenant acme's running executions hold 60000000 of its 100000000 bytes, and this execution asks for 60000000"
+        )
+        assert run_to_done(second, "fits", "6 * 7", memoryLimitBytes=40_000_000)["result"] == 42
+    assert 'execbox_quota_refused_executions_total{quota="memory_in_flight_bytes",tenant="acme"}' in metrics(daemon)
 
 
 def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> None:

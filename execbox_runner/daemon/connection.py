@@ -178,11 +178,12 @@ class Connection:
             )
         self._guarded(self._end)
 
-    def _admission(self, execution_id: str) -> str | None:
-        """(The session, as an execute arrives.) Why this session's tenant may start no execution now,
-        at one of its quotas (checked at the handshake, and again here: a session runs many); or None.
-        A refusal is logged (a few lines a second) and counted by tenant and quota."""
-        over = self.ledger.refusal(self.tenant_name, self._reactor.now(), opening=False)
+    def _admission(self, execution_id: str, memory_limit: int) -> str | None:
+        """(The session, as an execute arrives.) Why this session's tenant may start no execution of
+        ``memory_limit`` bytes now, at one of its quotas (checked at the handshake, and again here: a
+        session runs many); or None. A refusal is logged (a few lines a second) and counted by tenant
+        and quota."""
+        over = self.ledger.refusal(self.tenant_name, self._reactor.now(), opening=False, memory_limit=memory_limit)
         if over is None:
             return None
         quota, wait_s, message = over

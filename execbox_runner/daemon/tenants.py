@@ -15,7 +15,8 @@ Quotas, each per tenant and per daemon process (with ``--processes``, each shard
 
 - ``max_sessions``: sessions open at once;
 - ``executions_per_minute``: executions started in the last 60 s;
-- ``memory_in_flight_bytes``: the sum of the ``memoryLimitBytes`` of its executions running now;
+- ``memory_in_flight_bytes``: the sum of the ``memoryLimitBytes`` of its executions running now,
+  a new execution's own included;
 - ``cpu_seconds_per_minute``: CPU its worker processes spent in the last 60 s, sampled each second
   (its guests' CPU: it needs the tenant's own workers, so not with ``--share-workers-across-tokens``).
 
@@ -138,10 +139,14 @@ class Ledger:
         self._quotas = {tenant.name: tenant for tenant in tenants if _has_quotas(tenant)}
         self._usage: dict[str, _Usage] = {name: _Usage() for name in self._quotas}
 
-    def refusal(self, name: str, now: float, *, opening: bool = True) -> tuple[str, float, str] | None:
+    def refusal(
+        self, name: str, now: float, *, opening: bool = True, memory_limit: int = 0
+    ) -> tuple[str, float, str] | None:
         """(quota, seconds until it may allow one, message) when ``name`` is at a quota; else None.
         ``opening``: for a session to open (every quota); else for an execution on an open session
-        (every quota but ``max_sessions``, which that session is already counted in)."""
+        (every quota but ``max_sessions``, which that session is already counted in), asking for
+        ``memory_limit`` bytes: refused if they would take the tenant past ``memory_in_flight_bytes``,
+        so that the quota bounds the sum rather than only the executions that start under it."""
         tenant, usage = self._quotas.get(name), self._usage.get(name)
         if tenant is None or usage is None:
             return None
@@ -156,9 +161,11 @@ class Ledger:
                 max(wait, 1.0),
                 f"tenant {name} started {limit} executions in the last minute",
             )
-        if tenant.memory_in_flight_bytes is not None and usage.memory >= tenant.memory_in_flight_bytes:
-            limit = tenant.memory_in_flight_bytes
-            return "memory_in_flight_bytes", 1.0, f"tenant {name}'s running executions hold their {limit} bytes"
+        budget = tenant.memory_in_flight_bytes
+        if budget is not None and (usage.memory >= budget or usage.memory + memory_limit > budget):
+            asked = f", and this execution asks for {memory_limit}" if memory_limit else ""
+            message = f"tenant {name}'s running executions hold {usage.memory} of its {budget} bytes{asked}"
+            return "memory_in_flight_bytes", 1.0, message
         if tenant.cpu_seconds_per_minute is not None:
             while usage.cpu and usage.cpu[0][0] <= now - WINDOW_S:
                 usage.cpu.popleft()
