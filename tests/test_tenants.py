@@ -52,6 +52,8 @@ def test_the_tokens_file_names_tenants_and_their_quotas(tmp_path: Path) -> None:
         ("t tenant=a max_sessions=1\nu tenant=a max_sessions=2", "line 2: tenant 'a' has other settings"),
         ("a tenant=x\nb\na tenant=y", r"line 3: the token of line 1 again \(a token is one tenant's\)"),
         ("a\na", "line 2: the token of line 1 again"),
+        ("t tenant=a tenant=b", "line 1: tenant is given twice"),
+        ("t max_sessions=5 max_sessions=50", "line 1: max_sessions is given twice"),
     ],
 )
 def test_a_bad_tokens_file_names_the_line(tmp_path: Path, line: str, message: str) -> None:

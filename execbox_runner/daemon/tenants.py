@@ -87,6 +87,8 @@ def _tenant(index: int, where: str, text: str) -> Tenant:
         key, equals, value = item.partition("=")
         if not equals or key not in ("tenant", *SETTINGS):
             raise ValueError(f"{where}: {item!r} is not tenant=NAME or one of {', '.join(q + '=N' for q in SETTINGS)}")
+        if key in values:  # which one was meant is not for the runner to guess
+            raise ValueError(f"{where}: {key} is given twice")
         if key == "tenant":
             if not _NAME.fullmatch(value):
                 raise ValueError(f"{where}: tenant name {value!r} must be 1-64 letters, digits, '.', '_' or '-'")
