@@ -406,6 +406,20 @@ def test_info_shows_the_limits_and_the_engine() -> None:
     assert report["limits"]["worker_capacity"] == 2048 and report["timeouts_s"]["idle"] == 60.0
 
 
+def test_info_refuses_a_record_dir_serve_would_refuse_and_makes_none(tmp_path: Path) -> None:
+    """A ``--record-dir`` under a file: ``info`` exits 2 with ``serve``'s line. One that does not
+    exist yet is fine for both, and ``info``, which starts nothing, does not make it."""
+    (tmp_path / "a-file").write_text("")
+    unusable = str(tmp_path / "a-file" / "records")
+    expected = f"execbox-runner: cannot use --record-dir {unusable}: Not a directory\n"
+    for command in ("info", "serve"):
+        refused = run(command, "--port", "0", "--record-dir", unusable)
+        one_line(refused, 2, expected)
+        assert refused.stderr == expected
+    assert run("info", "--record-dir", str(tmp_path / "new" / "records")).returncode == 0
+    assert not (tmp_path / "new").exists()
+
+
 def test_the_start_up_lines_name_the_engine_and_the_listening_line_ends_with_the_url() -> None:
     engine = json.loads(run("info", "--json").stdout)["engine"]
     with running_daemon() as d:

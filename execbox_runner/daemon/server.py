@@ -184,15 +184,19 @@ def _tls_problem(certfile: str, keyfile: str, exc: OSError) -> str:
     return f"cannot use --certfile {certfile} with the private key of {key}: {exc.reason or exc}"
 
 
-def record_directory(settings: Settings) -> Path | None:
+def record_directory(settings: Settings, *, create: bool = True) -> Path | None:
     """``--record-dir``, created if missing and tried with a file, so that a directory the daemon
-    cannot write (read-only, another user's) stops it at start rather than losing every record."""
+    cannot write (read-only, another user's) stops it at start rather than losing every record.
+    Without ``create`` (``info``, which makes nothing), the file is tried in the directory, or in
+    its nearest existing parent, where the directory would be made."""
     if not settings.record_dir:
         return None
     directory = Path(settings.record_dir)
+    tried = directory if create else next(path for path in (directory, *directory.parents) if path.exists())
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".writable-"):
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=tried, prefix=".writable-"):
             pass
     except OSError as exc:
         raise ConfigurationError(f"cannot use --record-dir {directory}: {exc.strerror}") from None
