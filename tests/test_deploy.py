@@ -444,20 +444,24 @@ def free_port() -> int:
 
 
 def test_the_image_health_check_over_http_and_https(tmp_path: Path) -> None:
+    certfile, keyfile, _ = certificate(tmp_path)
     with running_daemon() as daemon:
         port = daemon.url.rsplit(":", 1)[1].strip("/")
         assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
+        # A certificate named but plain HTTP served (TLS turned off by a flag): HTTPS, then HTTP.
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port, "EXECBOX_RUNNER_CERTFILE": str(certfile)}) == 0
     assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
     # With the metrics elsewhere and behind a token, the sessions' port still answers the check.
     with running_daemon("--metrics-port", str(free_port()), "--metrics-token", "m") as daemon:
         port = daemon.url.rsplit(":", 1)[1].strip("/")
         assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
     assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
-    certfile, keyfile, _ = certificate(tmp_path)
     with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as daemon:
         port = daemon.url.rsplit(":", 1)[1].strip("/")
         assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port, "EXECBOX_RUNNER_CERTFILE": str(certfile)}) == 0
-        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # plain HTTP to a TLS port
+        # TLS set by a flag after the image's name (or a --config file), no variable: HTTP, then HTTPS.
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
+    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
 
 
 def unit() -> dict[str, list[str]]:
