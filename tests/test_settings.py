@@ -154,6 +154,7 @@ def test_environment_variables_are_checked_like_flags(variable: str, value: str,
         ('sandbox = "on"', "sandbox = 'on': must be a boolean: true/1/yes/false/0/no"),  # a string: a flag's words
         ('certfile = "/nonexistent/cert.pem"', "certfile = '/nonexistent/cert.pem': No such file or directory"),
         ("surprise = true", "unknown setting 'surprise'"),
+        ("max-sessions = 5\nmax_sessions = 7", "'max-sessions' and 'max_sessions' are one setting, given twice"),
         ('profile = "fast"', "profile = 'fast': must be one of standard, hardened"),
         ('max_sessions = "x"', "max_sessions = 'x': must be an integer >= 0"),
         ("[broken", "cannot read config file"),

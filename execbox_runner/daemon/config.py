@@ -397,10 +397,14 @@ def _from_file(path: str, origins: dict[str, str]) -> dict[str, Any]:
         raise InvalidSetting(f"cannot read config file {path}: {exc}") from None
     known = {field.name: type(field.default) for field in fields(Settings)}
     values: dict[str, Any] = {}
+    keys: dict[str, str] = {}  # each setting's key in the file
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in known:
             raise InvalidSetting(f"config file {path}: unknown setting {key!r}")
+        if name in keys:  # max-sessions and max_sessions: which one was meant is not for the runner to guess
+            raise InvalidSetting(f"config file {path}: {keys[name]!r} and {key!r} are one setting, given twice")
+        keys[name] = key
         origins[name] = f"config file {path}: {key} ="
         try:
             values[name] = convert(name, known[name], value)
