@@ -43,7 +43,7 @@ from .machine import cpu_seconds, raise_open_files, resident_bytes, usable_cores
 from .net.listeners import Acceptor, Listener, listen
 from .net.reactor import Reactor
 from .observability import logs, tracing
-from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
+from .observability.endpoints import ADMIT_MEMORY_SHARE, REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
 from .pool.sharing import Shares
@@ -319,6 +319,7 @@ class Daemon:
         )
         host, port = listeners[0].address
         self._announce(listeners, scrapers)
+        self._check_budget_at_rest()
         nursery.start_soon(self._sample_memory)
         nursery.start_soon(self._summarize_refusals)
         if self.tokens and not self.settings.share_workers_across_tokens:
@@ -459,6 +460,22 @@ class Daemon:
             return True
         log.warning("cannot accept a connection: %s", error.strerror)
         return False
+
+    def _check_budget_at_rest(self) -> None:
+        """A ``WARNING`` when the daemon, its zygote and warm workers already use the share of the
+        memory budget at which handshakes are refused, before any session: a budget set below that
+        would otherwise refuse every session (503 ``memory``) with the probes all answering ready."""
+        used = self.state.memory_used = resident_bytes([os.getpid(), *self.pool.pids])
+        budget = self.state.memory_budget
+        if used >= budget * ADMIT_MEMORY_SHARE:
+            log.warning(
+                "memory budget too small: %.1f MiB in use before any session, %d%% of the %.1f MiB budget or more;"
+                " every session will be refused (503 memory) until --memory-budget-bytes is raised",
+                used / (1 << 20),
+                round(ADMIT_MEMORY_SHARE * 100),
+                budget / (1 << 20),
+                extra={"memory_used_bytes": used, "memory_budget_bytes": budget},
+            )
 
     async def _sample_memory(self) -> None:
         """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission, and
