@@ -8,6 +8,8 @@ import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -211,6 +213,36 @@ def test_the_memory_quota_bounds_the_sum_of_the_running_executions(daemon: Daemo
         )
         assert run_to_done(second, "fits", "6 * 7", memoryLimitBytes=40_000_000)["result"] == 42
     assert 'execbox_quota_refused_executions_total{quota="memory_in_flight_bytes",tenant="acme"}' in metrics(daemon)
+
+
+def test_tenant_settings_left_without_effect_are_warned_of(tmp_path: Path) -> None:
+    """A CPU quota with shared workers, a weight with shared workers or the hardened profile: the
+    tokens file is accepted, and ``info`` and ``serve`` say which settings will do nothing."""
+    path = tmp_path / "tokens.txt"
+    path.write_text("a tenant=heavy weight=3 cpu_seconds_per_minute=5\nb tenant=light\n")
+
+    def warnings(*flags: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "info", "--json", "--tokens-file", str(path), *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return [line for line in json.loads(done.stdout)["warnings"] if "tenant" in line]
+
+    assert warnings() == []
+    cpu = "tenant heavy's cpu_seconds_per_minute counts nothing with --share-workers-across-tokens true"
+    weight = "tenant heavy's weight has no effect: fair shares need tenants' own workers of the standard profile"
+    shared = warnings("--share-workers-across-tokens", "true")
+    assert len(shared) == 2 and shared[0].startswith(cpu) and shared[1].startswith(weight)
+    (hardened,) = warnings("--profile", "hardened")
+    assert hardened.startswith(weight)
+    with running_daemon("--tokens-file", str(path), "--share-workers-across-tokens", "true") as started:
+        lines = started.json_lines(lambda lines: any("weight has no effect" in line["message"] for line in lines))
+    logged = [line for line in lines if line["message"].startswith("tenant heavy's ")]
+    assert [line["level"] for line in logged] == ["warning", "warning"]
+    assert logged[0]["message"].startswith(cpu) and logged[1]["message"].startswith(weight)
 
 
 def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> None:

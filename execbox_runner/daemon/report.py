@@ -95,10 +95,35 @@ def unsafe_settings(
     return [name for name in UNSAFE_SETTINGS if applies[name]]
 
 
+def shares_cpu(settings: Settings) -> bool:
+    """Whether the pool shares the CPU between tenants by their weights: it needs each tenant's
+    own workers, of the standard profile (a worker running many guests, some of them held back)."""
+    return not settings.share_workers_across_tokens and settings.profile != "hardened"
+
+
+def tenant_warnings(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]) -> list[str]:
+    """One sentence for each setting of the tokens file that these settings leave without effect,
+    so that an operator learns it at start rather than from a tenant that was never held back."""
+    found = []
+    for tenant in {tenant.name: tenant for _, tenant in tenants}.values():
+        if tenant.cpu_seconds_per_minute is not None and settings.share_workers_across_tokens:
+            found.append(
+                f"tenant {tenant.name}'s cpu_seconds_per_minute counts nothing with --share-workers-across-tokens true:"
+                " its guests' CPU is not told apart from other tenants'"
+            )
+        if tenant.weight != 1 and not shares_cpu(settings):
+            found.append(
+                f"tenant {tenant.name}'s weight has no effect: fair shares need tenants' own workers"
+                " of the standard profile (not --share-workers-across-tokens true, not --profile hardened)"
+            )
+    return found
+
+
 def host_report(settings: Settings) -> HostReport:
     """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
     found = sandbox.capabilities()  # one probe (a forked child) for both reports below
     protections = sandbox.enforcement(settings.sandbox, found)
+    tenants = accepted_tenants(settings)
     return {
         "version": __version__,
         "python": platform.python_version(),
@@ -120,8 +145,8 @@ def host_report(settings: Settings) -> HostReport:
         },
         "protections": protections,
         "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),
-        "warnings": sandbox.warnings(protections),
-        "unsafe_settings": unsafe_settings(settings, accepted_tokens(settings), protections),
+        "warnings": sandbox.warnings(protections) + tenant_warnings(settings, tenants),
+        "unsafe_settings": unsafe_settings(settings, tuple(token for token, _ in tenants), protections),
         "limits": {
             **{key: value for key, value in asdict(settings).items() if key.startswith("max_")},
             "max_sessions": effective_max_sessions(settings),

@@ -53,6 +53,7 @@ from .report import (
     effective_max_sessions,
     host_report,
     memory_budget,
+    shares_cpu,
     worker_arguments,
     worker_capacity,
 )
@@ -206,7 +207,7 @@ def record_directory(settings: Settings, *, create: bool = True) -> Path | None:
 def tenant_shares(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]) -> Shares | None:
     """How the pool shares the machine between the active tenants (``tenants.shares``, by their
     weights): None where tenants do not have workers of their own, or a worker runs one guest."""
-    if not tenants or settings.share_workers_across_tokens or settings.profile == "hardened":
+    if not tenants or not shares_cpu(settings):
         return None
     weights = {tenant.name: tenant.weight for _, tenant in tenants}
     cores = max(1, usable_cores() // shard_count())
