@@ -108,6 +108,7 @@ MISCONFIGURATIONS = [
     (["--record-dir", "/etc/hostname"], "exists and is not a directory"),
     (["--record-dir", "/sys/kernel"], "cannot use --record-dir /sys/kernel: "),  # a directory no one may write
     (["--warm-workers", "5", "--max-workers", "2"], "--warm-workers 5 exceeds --max-workers 2"),
+    (["--tokens", "a,b,a"], "invalid --tokens (tokens not shown): one token given twice (a token is one tenant's)"),
     # Origins no browser sends, which would refuse every page: a path, upper case, a default port, a pattern.
     (["--allowed-origins", "https://app.example/"], "'https://app.example/' must be SCHEME://HOST[:PORT] as browsers"),
     (["--allowed-origins", "https://a.example,https://App.example"], "'https://App.example' must be SCHEME://HOST"),

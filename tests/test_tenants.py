@@ -65,6 +65,17 @@ def test_a_bad_tokens_file_names_the_line(tmp_path: Path, line: str, message: st
         read_tenants("", str(path))
 
 
+def test_a_token_given_inline_and_in_the_file_is_refused(tmp_path: Path) -> None:
+    """Else the inline one (no tenant, no quotas) would shadow the file's line and its quotas."""
+    path = tmp_path / "tokens.txt"
+    path.write_text("other\nshared tenant=acme max_sessions=1\n")
+    with pytest.raises(ValueError, match=r"^line 2 of the tokens file gives one of these tokens again"):
+        read_tenants("mine,shared", str(path))
+    with pytest.raises(ValueError, match=r"^one token given twice"):
+        read_tenants("mine,mine", "")
+    assert [tenant.name for _, tenant in read_tenants("mine", str(path))] == ["token-0", "token-1", "acme"]
+
+
 def test_the_ledger_refuses_past_each_quota_and_says_when_to_retry() -> None:
     ledger = Ledger([Tenant("a", executions_per_minute=2), Tenant("b", memory_in_flight_bytes=10)])
     ledger.execution_started("a", 1, 100.0)

@@ -462,6 +462,11 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         problem = _path_problem(name, values[name]) if isinstance(values[name], str) else None
         if problem:
             raise InvalidSetting(f"{origin} {shown(name, values[name])}: {problem}")
+    if settings.tokens:  # each right alone; together, every token given once
+        try:
+            read_tenants(settings.tokens, settings.tokens_file)
+        except ValueError as exc:
+            raise InvalidSetting(f"{origins['tokens']} {shown('tokens', settings.tokens)}: {exc}") from None
     return settings
 
 

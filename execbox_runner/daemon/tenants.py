@@ -63,14 +63,13 @@ def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
     setting, a token given twice, a token no client could send), OSError for a file that cannot be read."""
     named: dict[str, Tenant] = {}
     tenants: list[tuple[bytes, str]] = []
-    lines: dict[str, str] = {}  # each token of the file -> its line
+    given: dict[str, str] = {}  # each token -> where: its line of the file, or "" inline
     for index, (entry, where) in enumerate(token_entries(inline, path)):
         token, _, settings = entry.partition(" ") if where else (entry, "", "")  # settings: the file's only
         check_sendable(token, where)
-        if where and token in lines:  # one of the two lines would be ignored
-            raise ValueError(f"{where}: the token of {lines[token]} again (a token is one tenant's)")
-        if where:
-            lines[token] = where
+        if token in given:  # one of the two would be ignored, its tenant's quotas with it
+            raise ValueError(_again(where, given[token]))
+        given[token] = where
         tenant = _tenant(index, where, settings)
         known = named.get(tenant.name)
         if known is None or (_has_settings(tenant) and not _has_settings(known)):
@@ -79,6 +78,16 @@ def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
             raise ValueError(f"{where}: tenant {tenant.name!r} has other settings on another line")
         tenants.append((token.encode(), tenant.name))
     return tuple((token, named[name]) for token, name in tenants)
+
+
+def _again(where: str, first: str) -> str:
+    """Why a token given a second time (``where``; ``first``: the first time) is refused: inline
+    tokens come first, so a file's line may repeat one of them, never the other way round."""
+    if first:
+        return f"{where}: the token of {first} again (a token is one tenant's)"
+    if where:
+        return f"{where} of the tokens file gives one of these tokens again (a token is one tenant's)"
+    return "one token given twice (a token is one tenant's)"
 
 
 def _tenant(index: int, where: str, text: str) -> Tenant:
