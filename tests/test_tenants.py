@@ -195,6 +195,23 @@ def test_a_session_kept_open_cannot_run_past_its_tenants_quota(daemon: Daemon) -
     assert 'execbox_quota_refused_executions_total{quota="executions_per_minute",tenant="umbrella"} 1.0' in text
 
 
+def test_executes_refused_at_a_quota_are_not_counted_as_the_runners_internal_errors(tmp_path: Path) -> None:
+    """Their ``done`` says ``internal_error`` (the protocol's only code for it), but the metric that
+    the internal-errors alert reads keeps that code for the runner's own faults: they are counted
+    by tenant and quota instead."""
+    path = tmp_path / "tokens.txt"
+    path.write_text("busy-token tenant=busy executions_per_minute=1\n")
+    with running_daemon("--tokens-file", str(path)) as started, client(started.url, **bearer("busy-token")) as ws:
+        assert run_to_done(ws, "first", "1")["ok"]
+        for index in range(2):
+            assert run_to_done(ws, f"past-{index}", "1")["error"]["code"] == "internal_error"
+        text = metrics(started)
+    assert 'execbox_quota_refused_executions_total{quota="executions_per_minute",tenant="busy"} 2.0' in text
+    assert 'execbox_executions_total{code="",outcome="ok"} 1.0' in text
+    assert 'code="internal_error"' not in text and 'outcome="error"' not in text
+    assert "execbox_execution_duration_seconds_count 1.0" in text
+
+
 def test_an_execute_refused_while_one_runs_leaves_that_ones_memory_counted(daemon: Daemon) -> None:
     """A second execute on a session whose execution runs is refused, and the running one still
     holds its ``memoryLimitBytes`` against the tenant's quota: a host cannot free its quota by
