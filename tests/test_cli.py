@@ -195,6 +195,16 @@ def test_exit_statuses_of_exec(daemon: Daemon) -> None:
     one_line(run("exec", "1", "--url", unreachable), 1, f"cannot connect to {unreachable}: connection refused")
 
 
+def test_exec_refused_at_a_quota_exits_1_as_busy_not_2(tmp_path: Path) -> None:
+    """A 429 passes with time, as a 503 does: a script that retries on 1 and gives up on 2 (a usage
+    error, which no retry mends) must retry it."""
+    (tmp_path / "tokens").write_text("quota-token tenant=t executions_per_minute=1\n")
+    with running_daemon("--tokens-file", str(tmp_path / "tokens")) as d:
+        connect = ("--url", d.url, "--token", "quota-token")
+        assert run("exec", "1", *connect).returncode == 0
+        one_line(run("exec", "1", *connect), 1, "refused the WebSocket handshake with HTTP 429")
+
+
 def test_the_first_errors_a_newcomer_meets_say_what_to_do(daemon: Daemon) -> None:
     """No token, a wrong token, no runner at the URL: each line ends with the way out."""
     one_line(
