@@ -357,6 +357,34 @@ def test_a_runner_with_tokens_and_the_sandbox_reports_nothing_unsafe(tmp_path: P
     assert unsafe in ([], ["no_network_namespace"])
 
 
+def test_max_sessions_above_what_the_descriptor_limit_carries_is_warned_of() -> None:
+    """Under a hard limit of 1024 descriptors, 2000 sessions in one daemon process cannot all be
+    open (each is a socket): ``info`` says so and how to mend it; 700 fit, and so do 2000 shared by
+    three processes (667 each). The default, sized from the limit, always fits."""
+
+    def warnings(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "info", "--json", *args],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+            check=True,
+        )
+        found: list[str] = json.loads(done.stdout)["warnings"]
+        return [line for line in found if "descriptor limit" in line]
+
+    (warned,) = warnings("--max-sessions", "2000", "--processes", "1")
+    assert warned == (
+        "--max-sessions is more than the descriptor limit carries: 2000 sessions a daemon process, against 1024"
+        " descriptors; raise the limit (LimitNOFILE, the runtime's nofile) to 2256 or more, or connections past"
+        " it are shed"
+    )
+    assert warnings("--max-sessions", "700", "--processes", "1") == []
+    assert warnings("--max-sessions", "2000", "--processes", "3") == []
+    assert warnings() == []
+
+
 def test_info_reports_unsafe_settings_in_json_and_text() -> None:
     args = ("--sandbox", "No", "--host", "0.0.0.0", "--allow-unauthenticated", "yes")
     report = json.loads(run("info", "--json", *args).stdout)

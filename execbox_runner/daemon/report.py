@@ -16,9 +16,17 @@ from .. import __version__
 from ..exposure import is_loopback
 from ..worker import native, sandbox
 from .config import Settings
-from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files
+from .machine import (
+    RESERVED_FDS,
+    default_max_sessions,
+    default_memory_budget,
+    default_processes,
+    memory_bytes,
+    raise_open_files,
+    usable_cores,
+)
 from .startup import engine
-from .supervisor import shard_count
+from .supervisor import is_shard, shard_count
 from .tenants import Tenant, read_tenants
 
 
@@ -119,6 +127,24 @@ def tenant_warnings(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...
     return found
 
 
+def descriptor_warnings(settings: Settings) -> list[str]:
+    """A sentence when a stated ``--max-sessions`` is more than a daemon process's descriptor
+    limit carries (each session is a socket; the default is sized to fit): past it, connections
+    are shed, while ``execbox_max_sessions``, the alerts and the autoscaler count on the setting."""
+    if not settings.max_sessions:
+        return []
+    processes = 1 if is_shard() else settings.processes or default_processes(usable_cores())
+    share = math.ceil(settings.max_sessions / processes)  # a shard's setting is its share already
+    limit = raise_open_files()
+    if share <= limit - RESERVED_FDS:
+        return []
+    return [
+        f"--max-sessions is more than the descriptor limit carries: {share} sessions a daemon process, against"
+        f" {limit} descriptors; raise the limit (LimitNOFILE, the runtime's nofile) to {share + RESERVED_FDS}"
+        " or more, or connections past it are shed"
+    ]
+
+
 def host_report(settings: Settings) -> HostReport:
     """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
     found = sandbox.capabilities()  # one probe (a forked child) for both reports below
@@ -145,7 +171,7 @@ def host_report(settings: Settings) -> HostReport:
         },
         "protections": protections,
         "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),
-        "warnings": sandbox.warnings(protections) + tenant_warnings(settings, tenants),
+        "warnings": sandbox.warnings(protections) + tenant_warnings(settings, tenants) + descriptor_warnings(settings),
         "unsafe_settings": unsafe_settings(settings, tuple(token for token, _ in tenants), protections),
         "limits": {
             **{key: value for key, value in asdict(settings).items() if key.startswith("max_")},
