@@ -34,7 +34,15 @@ def status(port: int, tls: bool) -> int:
 
 
 def main() -> int:
-    port = int(os.environ.get("EXECBOX_RUNNER_HEALTHCHECK_PORT") or os.environ.get("EXECBOX_RUNNER_PORT") or 8765)
+    for variable in ("EXECBOX_RUNNER_HEALTHCHECK_PORT", "EXECBOX_RUNNER_PORT"):
+        if given := os.environ.get(variable):
+            break
+    else:
+        variable, given = "", "8765"
+    if not given.isdigit() or not 0 < int(given) < 65536:
+        print(f"healthcheck: invalid {variable} {given!r}: must be a port number 1-65535", file=sys.stderr)
+        return 1
+    port = int(given)
     tls = bool(os.environ.get("EXECBOX_RUNNER_CERTFILE"))
     mismatches = []
     for scheme in (tls, not tls):
