@@ -152,7 +152,11 @@ def certificate(directory: Path) -> tuple[Path, Path, ssl.SSLContext]:
 
 @contextlib.contextmanager
 def running_daemon(
-    *args: str, env: dict[str, str] | None = None, subreaper: bool = False, stderr_fd: int | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    subreaper: bool = False,
+    stderr_fd: int | None = None,
+    own_group: bool = False,
 ) -> Iterator[Daemon]:
     """Start ``execbox-runner serve`` on a free loopback port; stop it (by PID) afterwards.
 
@@ -163,7 +167,8 @@ def running_daemon(
     pipe nobody drains, and it is shown when start-up fails. ``subreaper`` starts
     it as a child subreaper already (the flag survives exec), as PID 1 in a
     container is: orphans below it become its children. ``stderr_fd``: the daemon's stderr goes
-    there instead (``Daemon.log_lines`` then has nothing).
+    there instead (``Daemon.log_lines`` then has nothing). ``own_group``: the daemon leads a process
+    group of its own, which a test may signal whole without signalling itself.
     """
     launcher = [sys.executable, "-c", AS_SUBREAPER] if subreaper else [sys.executable]
     with tempfile.TemporaryFile(mode="w+") as stderr:
@@ -186,6 +191,7 @@ def running_daemon(
             stderr=stderr if stderr_fd is None else stderr_fd,
             text=True,
             env={**os.environ, **(env or {})},
+            start_new_session=own_group,
         )
         try:
             line = _listening_line(process, stderr)

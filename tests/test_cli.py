@@ -195,6 +195,16 @@ def test_exit_statuses_of_exec(daemon: Daemon) -> None:
     one_line(run("exec", "1", "--url", unreachable), 1, f"cannot connect to {unreachable}: connection refused")
 
 
+def test_exec_refused_at_a_quota_exits_1_as_busy_not_2(tmp_path: Path) -> None:
+    """A 429 passes with time, as a 503 does: a script that retries on 1 and gives up on 2 (a usage
+    error, which no retry mends) must retry it."""
+    (tmp_path / "tokens").write_text("quota-token tenant=t executions_per_minute=1\n")
+    with running_daemon("--tokens-file", str(tmp_path / "tokens")) as d:
+        connect = ("--url", d.url, "--token", "quota-token")
+        assert run("exec", "1", *connect).returncode == 0
+        one_line(run("exec", "1", *connect), 1, "refused the WebSocket handshake with HTTP 429")
+
+
 def test_the_first_errors_a_newcomer_meets_say_what_to_do(daemon: Daemon) -> None:
     """No token, a wrong token, no runner at the URL: each line ends with the way out."""
     one_line(
@@ -404,6 +414,20 @@ def test_info_shows_the_limits_and_the_engine() -> None:
     report = json.loads(run("info", "--json").stdout)
     assert report["engine"] == engine.removeprefix("engine: ")
     assert report["limits"]["worker_capacity"] == 2048 and report["timeouts_s"]["idle"] == 60.0
+
+
+def test_info_refuses_a_record_dir_serve_would_refuse_and_makes_none(tmp_path: Path) -> None:
+    """A ``--record-dir`` under a file: ``info`` exits 2 with ``serve``'s line. One that does not
+    exist yet is fine for both, and ``info``, which starts nothing, does not make it."""
+    (tmp_path / "a-file").write_text("")
+    unusable = str(tmp_path / "a-file" / "records")
+    expected = f"execbox-runner: cannot use --record-dir {unusable}: Not a directory\n"
+    for command in ("info", "serve"):
+        refused = run(command, "--port", "0", "--record-dir", unusable)
+        one_line(refused, 2, expected)
+        assert refused.stderr == expected
+    assert run("info", "--record-dir", str(tmp_path / "new" / "records")).returncode == 0
+    assert not (tmp_path / "new").exists()
 
 
 def test_the_start_up_lines_name_the_engine_and_the_listening_line_ends_with_the_url() -> None:

@@ -222,6 +222,25 @@ def test_signals_stop_the_daemon_cleanly_with_its_workers(sig: int) -> None:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_daemons_whole_process_group_drains_it(sig: int) -> None:
+    """As `timeout`, dumb-init or a process manager's group stop send it (or a terminal's Ctrl-C):
+    the workers are not in the daemon's group, so an execution parked on a tool finishes during the
+    drain rather than ending with its worker, and the daemon exits 0."""
+    with running_daemon(own_group=True) as d, client(d.url) as ws:
+        ws.send(execute("parked", "await tools.echo(41) + 1", timeoutMs=60_000))
+        assert receive(ws)["type"] == "started"
+        call = receive(ws)
+        assert call["type"] == "tool_call"
+        os.killpg(d.process.pid, sig)  # the group the daemon leads: the daemon and what stayed in it
+        lines = d.log_lines(lambda lines: any(", draining (up to" in line for line in lines))
+        assert any(f"received {signal.Signals(sig).name}, draining" in line for line in lines), lines[-5:]
+        ws.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 41}))
+        done = receive(ws)
+        assert (done["id"], done["ok"], done.get("result")) == ("parked", True, 42), done
+        assert d.process.wait(timeout=30) == 0
+
+
 def test_settings_come_from_environment_variables() -> None:
     with running_daemon(env={"EXECBOX_RUNNER_WARM_WORKERS": "3"}) as d:
         deadline = time.monotonic() + 20

@@ -429,10 +429,14 @@ def test_the_image_build_stage_builds_the_wheel_from_what_it_copies(tmp_path: Pa
     assert list((tmp_path / "dist").glob("execbox_runner-*.whl"))
 
 
-def healthcheck(env: dict[str, str]) -> int:
+def healthcheck(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(DEPLOY / "healthcheck.py")], env={**os.environ, **env}, timeout=30, capture_output=True
-    ).returncode
+        [sys.executable, str(DEPLOY / "healthcheck.py")],
+        env={**os.environ, **env},
+        timeout=30,
+        capture_output=True,
+        text=True,
+    )
 
 
 def free_port() -> int:
@@ -444,20 +448,36 @@ def free_port() -> int:
 
 
 def test_the_image_health_check_over_http_and_https(tmp_path: Path) -> None:
+    certfile, keyfile, _ = certificate(tmp_path)
     with running_daemon() as daemon:
         port = daemon.url.rsplit(":", 1)[1].strip("/")
-        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
-    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}).returncode == 0
+        # A certificate named but plain HTTP served (TLS turned off by a flag): HTTPS, then HTTP.
+        assert (
+            healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port, "EXECBOX_RUNNER_CERTFILE": str(certfile)}).returncode
+            == 0
+        )
+    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}).returncode == 1  # stopped: nobody listens
+    for wrong in ("abc", "0", "70000"):  # unhealthy, in one line rather than a traceback
+        done = healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": wrong})
+        assert (done.returncode, done.stderr) == (
+            1,
+            f"healthcheck: invalid EXECBOX_RUNNER_HEALTHCHECK_PORT '{wrong}': must be a port number 1-65535\n",
+        )
     # With the metrics elsewhere and behind a token, the sessions' port still answers the check.
     with running_daemon("--metrics-port", str(free_port()), "--metrics-token", "m") as daemon:
         port = daemon.url.rsplit(":", 1)[1].strip("/")
-        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 0
-    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # stopped: nobody listens
-    certfile, keyfile, _ = certificate(tmp_path)
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}).returncode == 0
+    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}).returncode == 1  # stopped: nobody listens
     with running_daemon("--certfile", str(certfile), "--keyfile", str(keyfile)) as daemon:
         port = daemon.url.rsplit(":", 1)[1].strip("/")
-        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port, "EXECBOX_RUNNER_CERTFILE": str(certfile)}) == 0
-        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}) == 1  # plain HTTP to a TLS port
+        assert (
+            healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port, "EXECBOX_RUNNER_CERTFILE": str(certfile)}).returncode
+            == 0
+        )
+        # TLS set by a flag after the image's name (or a --config file), no variable: HTTP, then HTTPS.
+        assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}).returncode == 0
+    assert healthcheck({"EXECBOX_RUNNER_HEALTHCHECK_PORT": port}).returncode == 1  # stopped: nobody listens
 
 
 def unit() -> dict[str, list[str]]:

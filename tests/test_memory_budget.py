@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+from websockets.exceptions import InvalidStatus
+
 from execbox_runner.worker.failure import BUDGET_MESSAGE
 
 from .daemonkit import client, execute, receive, run_to_done, running_daemon
@@ -45,6 +48,7 @@ def test_past_the_budget_the_largest_execution_ends_with_memory_limit_and_the_ot
             until=lambda lines: any(line["message"].startswith("memory budget spent") for line in lines)
         )
         (evicted,) = [line for line in lines if line["message"].startswith("memory budget spent")]
+        assert not [line for line in lines if line["message"].startswith("memory budget too small")]
         assert evicted["level"] == "warning" and evicted["evicted_heap_bytes"] > 64 << 20
         # The memory came back: a new session is admitted, and runs.
         deadline = time.monotonic() + WAIT_S
@@ -68,3 +72,16 @@ def test_within_the_budget_a_large_guest_ends_only_by_its_own_limit() -> None:
         lines = d.json_lines(until=lambda lines: any(line.get("execution_id") == "big" for line in lines))
         assert [line["outcome"] for line in lines if line.get("execution_id") == "big"] == ["ok"]
         assert not [line for line in lines if line["message"].startswith("memory budget spent")]
+
+
+def test_a_budget_the_idle_daemon_already_spends_is_a_warning_at_start() -> None:
+    """A budget below what the daemon and its warm workers hold at rest (1 MB: less than any Python
+    process) refuses every session: the daemon says so once, at start, rather than only refusing."""
+    with running_daemon("--memory-budget-bytes", str(1_000_000)) as d:
+        with pytest.raises(InvalidStatus, match="503"), client(d.url):
+            pass
+        lines = d.json_lines(until=lambda lines: any(line.get("refusal") == "memory" for line in lines))
+    (warned,) = [line for line in lines if line["message"].startswith("memory budget too small: ")]
+    assert warned["level"] == "warning" and warned["memory_budget_bytes"] == 1_000_000
+    assert warned["memory_used_bytes"] >= 900_000
+    assert "every session will be refused (503 memory) until --memory-budget-bytes is raised" in warned["message"]

@@ -66,7 +66,7 @@ def test_execute_sends_started_then_starts_a_run_with_the_limits() -> None:
 def test_an_execute_the_runner_does_not_admit_ends_at_once_without_starting() -> None:
     reasons: list[str | None] = ["tenant t is at a quota", None]
     asked: list[str] = []
-    session = Session(admit=lambda execution_id: asked.append(execution_id) or reasons.pop(0))
+    session = Session(admit=lambda execution_id, memory: asked.append(f"{execution_id} {memory}") or reasons.pop(0))
     actions = session.receive_text(execute("refused"), 5.0)
     assert sent(actions) == [
         {
@@ -80,7 +80,7 @@ def test_an_execute_the_runner_does_not_admit_ends_at_once_without_starting() ->
     ]
     assert not any(isinstance(action, StartRun) for action in actions) and session.execution_id is None
     assert sent(session.receive_text(execute("admitted"), 6.0)) == [{"type": "started", "id": "admitted"}]
-    assert asked == ["refused", "admitted"] and reasons == []  # asked once for each
+    assert asked == ["refused 67108864", "admitted 67108864"] and reasons == []  # asked once for each, with its memory
 
 
 def test_tool_calls_are_numbered_and_results_correlated_once() -> None:

@@ -108,6 +108,12 @@ MISCONFIGURATIONS = [
     (["--record-dir", "/etc/hostname"], "exists and is not a directory"),
     (["--record-dir", "/sys/kernel"], "cannot use --record-dir /sys/kernel: "),  # a directory no one may write
     (["--warm-workers", "5", "--max-workers", "2"], "--warm-workers 5 exceeds --max-workers 2"),
+    (["--tokens", "a,b,a"], "invalid --tokens (tokens not shown): one token given twice (a token is one tenant's)"),
+    # Origins no browser sends, which would refuse every page: a path, upper case, a default port, a pattern.
+    (["--allowed-origins", "https://app.example/"], "'https://app.example/' must be SCHEME://HOST[:PORT] as browsers"),
+    (["--allowed-origins", "https://a.example,https://App.example"], "'https://App.example' must be SCHEME://HOST"),
+    (["--allowed-origins", "https://app.example:443"], "'https://app.example:443' must be SCHEME://HOST[:PORT]"),
+    (["--allowed-origins", "*"], "invalid --allowed-origins '*': '*' must be SCHEME://HOST[:PORT]"),
     (["--no-such-flag"], "execbox-runner serve: error: unrecognized arguments: --no-such-flag (see --help)"),
     (["--port"], "expected one argument"),
 ]
@@ -128,25 +134,6 @@ def test_each_misconfiguration_of_serve_exits_2_with_one_line(args: list[str], e
 )
 def test_info_refuses_the_same_way(args: list[str], expected: str) -> None:
     refused_with_one_line(run("info", *args), expected)
-
-
-@pytest.mark.parametrize("inside", ["/sys/kernel", "/proc/1", "/sys/kernel/made-by-no-one", "/proc/1/made-by-no-one"])
-def test_info_warns_of_a_record_dir_that_serve_would_stop_at(inside: str) -> None:
-    """An existing directory no one may write, and a missing one whose parent refuses it (sysfs,
-    procfs): serve stops, and info, which makes nothing there, says why in a warning."""
-    refused = run("serve", "--port", "0", "--record-dir", inside)
-    refused_with_one_line(refused, f"cannot use --record-dir {inside}: ")
-    reason = refused.stderr.strip().removeprefix("execbox-runner: ")
-    done = run("info", "--json", "--record-dir", inside)
-    assert done.returncode == 0, done.stderr
-    assert f"serve would stop: {reason}" in json.loads(done.stdout)["warnings"]
-
-
-def test_info_makes_no_missing_record_dir_and_warns_of_none(tmp_path: Path) -> None:
-    wanted = tmp_path / "records" / "today"
-    done = run("info", "--record-dir", str(wanted))
-    assert done.returncode == 0 and "record-dir" not in done.stdout, done.stdout
-    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -173,6 +160,7 @@ def test_environment_variables_are_checked_like_flags(variable: str, value: str,
         ('sandbox = "on"', "sandbox = 'on': must be a boolean: true/1/yes/false/0/no"),  # a string: a flag's words
         ('certfile = "/nonexistent/cert.pem"', "certfile = '/nonexistent/cert.pem': No such file or directory"),
         ("surprise = true", "unknown setting 'surprise'"),
+        ("max-sessions = 5\nmax_sessions = 7", "'max-sessions' and 'max_sessions' are one setting, given twice"),
         ('profile = "fast"', "profile = 'fast': must be one of standard, hardened"),
         ('max_sessions = "x"', "max_sessions = 'x': must be an integer >= 0"),
         ("[broken", "cannot read config file"),
@@ -367,6 +355,34 @@ def test_a_runner_with_tokens_and_the_sandbox_reports_nothing_unsafe(tmp_path: P
         assert warnings_logged(d) == unsafe
     # This host may not give workers a network namespace; nothing else may be unsafe.
     assert unsafe in ([], ["no_network_namespace"])
+
+
+def test_max_sessions_above_what_the_descriptor_limit_carries_is_warned_of() -> None:
+    """Under a hard limit of 1024 descriptors, 2000 sessions in one daemon process cannot all be
+    open (each is a socket): ``info`` says so and how to mend it; 700 fit, and so do 2000 shared by
+    three processes (667 each). The default, sized from the limit, always fits."""
+
+    def warnings(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "info", "--json", *args],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+            check=True,
+        )
+        found: list[str] = json.loads(done.stdout)["warnings"]
+        return [line for line in found if "descriptor limit" in line]
+
+    (warned,) = warnings("--max-sessions", "2000", "--processes", "1")
+    assert warned == (
+        "--max-sessions is more than the descriptor limit carries: 2000 sessions a daemon process, against 1024"
+        " descriptors; raise the limit (LimitNOFILE, the runtime's nofile) to 2256 or more, or connections past"
+        " it are shed"
+    )
+    assert warnings("--max-sessions", "700", "--processes", "1") == []
+    assert warnings("--max-sessions", "2000", "--processes", "3") == []
+    assert warnings() == []
 
 
 def test_info_reports_unsafe_settings_in_json_and_text() -> None:

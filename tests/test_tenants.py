@@ -8,6 +8,8 @@ import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -52,6 +54,8 @@ def test_the_tokens_file_names_tenants_and_their_quotas(tmp_path: Path) -> None:
         ("t tenant=a max_sessions=1\nu tenant=a max_sessions=2", "line 2: tenant 'a' has other settings"),
         ("a tenant=x\nb\na tenant=y", r"line 3: the token of line 1 again \(a token is one tenant's\)"),
         ("a\na", "line 2: the token of line 1 again"),
+        ("t tenant=a tenant=b", "line 1: tenant is given twice"),
+        ("t max_sessions=5 max_sessions=50", "line 1: max_sessions is given twice"),
     ],
 )
 def test_a_bad_tokens_file_names_the_line(tmp_path: Path, line: str, message: str) -> None:
@@ -59,6 +63,17 @@ def test_a_bad_tokens_file_names_the_line(tmp_path: Path, line: str, message: st
     path.write_text(line + "\n")
     with pytest.raises(ValueError, match=message):
         read_tenants("", str(path))
+
+
+def test_a_token_given_inline_and_in_the_file_is_refused(tmp_path: Path) -> None:
+    """Else the inline one (no tenant, no quotas) would shadow the file's line and its quotas."""
+    path = tmp_path / "tokens.txt"
+    path.write_text("other\nshared tenant=acme max_sessions=1\n")
+    with pytest.raises(ValueError, match=r"^line 2 of the tokens file gives one of these tokens again"):
+        read_tenants("mine,shared", str(path))
+    with pytest.raises(ValueError, match=r"^one token given twice"):
+        read_tenants("mine,mine", "")
+    assert [tenant.name for _, tenant in read_tenants("mine", str(path))] == ["token-0", "token-1", "acme"]
 
 
 def test_the_ledger_refuses_past_each_quota_and_says_when_to_retry() -> None:
@@ -69,9 +84,14 @@ def test_the_ledger_refuses_past_each_quota_and_says_when_to_retry() -> None:
     quota, wait, _ = ledger.refusal("a", 120.0) or ("", 0.0, "")
     assert quota == "executions_per_minute" and wait == pytest.approx(40.0)  # the first start leaves at 160
     assert ledger.refusal("a", 160.5) is None
-    ledger.execution_started("b", 10, 0.0)
+    ledger.execution_started("b", 6, 0.0)
+    assert ledger.refusal("b", 0.0) is None  # a session may open: 4 bytes are left
+    assert ledger.refusal("b", 0.0, opening=False, memory_limit=4) is None
+    assert (ledger.refusal("b", 0.0, opening=False, memory_limit=5) or ("",))[0] == "memory_in_flight_bytes"
+    ledger.execution_started("b", 4, 0.0)
     assert (ledger.refusal("b", 0.0) or ("",))[0] == "memory_in_flight_bytes"
-    ledger.execution_ended("b", 10)
+    ledger.execution_ended("b", 6)
+    ledger.execution_ended("b", 4)
     assert ledger.refusal("b", 0.0) is None and ledger.refusal("nobody", 0.0) is None
     cpu = Ledger([Tenant("c", cpu_seconds_per_minute=2)])
     cpu.add_cpu("c", 1.5, 10.0)
@@ -175,6 +195,23 @@ def test_a_session_kept_open_cannot_run_past_its_tenants_quota(daemon: Daemon) -
     assert 'execbox_quota_refused_executions_total{quota="executions_per_minute",tenant="umbrella"} 1.0' in text
 
 
+def test_executes_refused_at_a_quota_are_not_counted_as_the_runners_internal_errors(tmp_path: Path) -> None:
+    """Their ``done`` says ``internal_error`` (the protocol's only code for it), but the metric that
+    the internal-errors alert reads keeps that code for the runner's own faults: they are counted
+    by tenant and quota instead."""
+    path = tmp_path / "tokens.txt"
+    path.write_text("busy-token tenant=busy executions_per_minute=1\n")
+    with running_daemon("--tokens-file", str(path)) as started, client(started.url, **bearer("busy-token")) as ws:
+        assert run_to_done(ws, "first", "1")["ok"]
+        for index in range(2):
+            assert run_to_done(ws, f"past-{index}", "1")["error"]["code"] == "internal_error"
+        text = metrics(started)
+    assert 'execbox_quota_refused_executions_total{quota="executions_per_minute",tenant="busy"} 2.0' in text
+    assert 'execbox_executions_total{code="",outcome="ok"} 1.0' in text
+    assert 'code="internal_error"' not in text and 'outcome="error"' not in text
+    assert "execbox_execution_duration_seconds_count 1.0" in text
+
+
 def test_an_execute_refused_while_one_runs_leaves_that_ones_memory_counted(daemon: Daemon) -> None:
     """A second execute on a session whose execution runs is refused, and the running one still
     holds its ``memoryLimitBytes`` against the tenant's quota: a host cannot free its quota by
@@ -188,6 +225,52 @@ def test_an_execute_refused_while_one_runs_leaves_that_ones_memory_counted(daemo
         done = receive(second)
         assert (done["id"], done["ok"], done["error"]["code"]) == ("more", False, "internal_error")
         assert done["error"]["message"].endswith(" s (quota memory_in_flight_bytes)")
+
+
+def test_the_memory_quota_bounds_the_sum_of_the_running_executions(daemon: Daemon) -> None:
+    """``memory_in_flight_bytes`` (100 MB for acme) counts the execute's own ``memoryLimitBytes``: 60 MB
+    running leaves no room for another 60 MB, which is refused naming both, but room for 40 MB."""
+    with client(daemon.url, **bearer("acme-1")) as first, client(daemon.url, **bearer("acme-2")) as second:
+        first.send(execute("held", "await new Promise(() => {})", memoryLimitBytes=60_000_000))
+        assert receive(first)["type"] == "started"
+        second.send(execute("past", "1", memoryLimitBytes=60_000_000))
+        done = receive(second)
+        assert (done["id"], done["ok"], done["error"]["code"]) == ("past", False, "internal_error")
+        assert done["error"]["message"].startswith(
+            "tenant acme's running executions hold 60000000 of its 100000000 bytes, and this execution asks for 60000000"
+        )
+        assert run_to_done(second, "fits", "6 * 7", memoryLimitBytes=40_000_000)["result"] == 42
+    assert 'execbox_quota_refused_executions_total{quota="memory_in_flight_bytes",tenant="acme"}' in metrics(daemon)
+
+
+def test_tenant_settings_left_without_effect_are_warned_of(tmp_path: Path) -> None:
+    """A CPU quota with shared workers, a weight with shared workers or the hardened profile: the
+    tokens file is accepted, and ``info`` and ``serve`` say which settings will do nothing."""
+    path = tmp_path / "tokens.txt"
+    path.write_text("a tenant=heavy weight=3 cpu_seconds_per_minute=5\nb tenant=light\n")
+
+    def warnings(*flags: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "execbox_runner", "info", "--json", "--tokens-file", str(path), *flags],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return [line for line in json.loads(done.stdout)["warnings"] if "tenant" in line]
+
+    assert warnings() == []
+    cpu = "tenant heavy's cpu_seconds_per_minute counts nothing with --share-workers-across-tokens true"
+    weight = "tenant heavy's weight has no effect: fair shares need tenants' own workers of the standard profile"
+    shared = warnings("--share-workers-across-tokens", "true")
+    assert len(shared) == 2 and shared[0].startswith(cpu) and shared[1].startswith(weight)
+    (hardened,) = warnings("--profile", "hardened")
+    assert hardened.startswith(weight)
+    with running_daemon("--tokens-file", str(path), "--share-workers-across-tokens", "true") as started:
+        lines = started.json_lines(lambda lines: any("weight has no effect" in line["message"] for line in lines))
+    logged = [line for line in lines if line["message"].startswith("tenant heavy's ")]
+    assert [line["level"] for line in logged] == ["warning", "warning"]
+    assert logged[0]["message"].startswith(cpu) and logged[1]["message"].startswith(weight)
 
 
 def test_a_retrying_client_waits_for_a_session_to_free_up(daemon: Daemon) -> None:

@@ -6,7 +6,8 @@ rule in ``CODE_OR_FILE_HELP``.
 
 Exit status (the scheme of every command, ``exit_statuses``): 0 the execution
 succeeded; 1 it failed: a guest error (including its timeout), Ctrl-C (which
-cancels it), or a runner that could not be reached, went away or is busy; 2 a usage error: a bad flag or
+cancels it), or a runner that could not be reached, went away, is busy or refused a tenant at a
+quota (HTTP 429); 2 a usage error: a bad flag or
 value, a file that cannot be read, or a runner that refused the request as
 invalid (HTTP 401 or 403, or the execute's own limits above its maxima).
 """
@@ -32,7 +33,7 @@ from ..commandline import (
     milliseconds,
 )
 from .environment import TOKEN_ENV, URL_ENV, from_environment
-from .errors import RunnerBusy, RunnerError, RunnerRefused, RunnerUnavailable, Unauthorized
+from .errors import QuotaExceeded, RunnerBusy, RunnerError, RunnerRefused, RunnerUnavailable, Unauthorized
 from .runner import DEFAULT_LIMITS, Runner
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def add_exec_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         formatter_class=HelpFormatter,
         epilog=exit_statuses(
             failure="the execution failed (a guest error or its timeout), was interrupted (Ctrl-C cancels it),"
-            " or the runner could not be reached, went away or is busy",
+            " or the runner could not be reached, went away, is busy or refused a tenant at a quota (HTTP 429)",
             usage="a bad flag or value, a file that cannot be read, a runner that refused the request"
             " (HTTP 401/403, limits above its maxima)",
         )
@@ -135,8 +136,10 @@ def _log_line(line: str) -> None:
 
 def exit_status(error: RunnerError) -> int:
     """2 for a runner that refused the request as invalid (an HTTP 4xx: the token, the Origin),
-    1 for one that could not run it (unreachable, gone, busy or failing)."""
-    if isinstance(error, RunnerRefused) and not isinstance(error, RunnerBusy) and 400 <= error.status < 500:
+    1 for one that could not run it (unreachable, gone, busy, its tenant at a quota, or failing):
+    a refusal that passes with time (503, 429) is no usage error."""
+    transient = isinstance(error, RunnerBusy | QuotaExceeded)
+    if isinstance(error, RunnerRefused) and not transient and 400 <= error.status < 500:
         return EXIT_USAGE
     return EXIT_FAILURE
 

@@ -26,15 +26,7 @@ from .machine import BUDGET_SHARE, default_processes, usable_cores
 from .net.listeners import CannotListen
 from .observability import logs
 from .report import UNSAFE_SETTINGS, HostReport, accepted_tokens, host_report
-from .server import (
-    ConfigurationError,
-    Daemon,
-    record_directory_problem,
-    refuse_unauthenticated,
-    size,
-    tls_context,
-    url,
-)
+from .server import ConfigurationError, Daemon, record_directory, refuse_unauthenticated, size, tls_context, url
 from .startup import listening_line
 
 log = logging.getLogger("execbox_runner")
@@ -85,8 +77,6 @@ examples:
 
 def _info(settings: config.Settings, as_json: bool) -> int:
     report = host_report(settings)
-    if problem := record_directory_problem(settings):
-        report["warnings"] = [*report["warnings"], problem]
     if as_json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
@@ -224,6 +214,7 @@ def run_daemon_command(args: argparse.Namespace, argv: list[str] | None) -> int:
         if args.command == "info":  # what serve would refuse
             tls_context(settings)
             refuse_unauthenticated(settings, accepted_tokens(settings))
+            record_directory(settings, create=False)
         else:
             logs.configure(settings.log_level, settings.log_format == "json")
             daemon = Daemon(settings)

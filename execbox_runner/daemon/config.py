@@ -22,6 +22,7 @@ import argparse
 import errno
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass, fields
@@ -125,6 +126,9 @@ EXISTING_FILES: Final = frozenset({"tokens_file", "certfile", "keyfile", "metric
 REQUIRED: Final = frozenset({"host"})
 # Settings of comma-separated bearer tokens.
 TOKEN_LISTS: Final = frozenset({"tokens", "metrics_token"})
+# An Origin as a browser sends it (RFC 6454's serialization): lower case, no path, no default port.
+ORIGIN: Final = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*)://(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
+DEFAULT_PORTS: Final = {"http": "80", "https": "443"}
 
 HELP: dict[str, str] = {
     "profile": "standard: confined worker processes each host up to --worker-capacity executions at once (a fresh QuickJS runtime each); hardened: a fresh confined process for every execution",
@@ -176,6 +180,8 @@ def rule(name: str, kind: type) -> str:
         return "a boolean: " + "/".join(TRUE_WORDS + FALSE_WORDS)
     if name in PORTS:
         return f"a port number 0-{MAX_PORT}"
+    if name == "allowed_origins":
+        return "each SCHEME://HOST[:PORT] as browsers send it (lower case, no path or trailing /, no default port)"
     if kind in (int, float):
         number = "an integer" if kind is int else "a number of seconds"
         maximum = f" and <= {MAXIMA[name]}" if name in MAXIMA else ""
@@ -220,6 +226,11 @@ def convert(name: str, kind: type, value: object) -> object:
             read_tokens(value, "")  # the rule the daemon reads them by
         except ValueError as exc:
             raise ValueError(f"holds a token no client could send ({exc})") from None
+    if name == "allowed_origins":  # a listed value no browser sends would refuse every page silently
+        for origin in filter(None, (item.strip() for item in value.split(","))):
+            form = ORIGIN.fullmatch(origin)
+            if form is None or form["port"] == DEFAULT_PORTS.get(form["scheme"]):
+                raise ValueError(f"{origin!r} must be {wanted.removeprefix('each ')}")
     return value
 
 
@@ -397,10 +408,14 @@ def _from_file(path: str, origins: dict[str, str]) -> dict[str, Any]:
         raise InvalidSetting(f"cannot read config file {path}: {exc}") from None
     known = {field.name: type(field.default) for field in fields(Settings)}
     values: dict[str, Any] = {}
+    keys: dict[str, str] = {}  # each setting's key in the file
     for key, value in table.items():
         name = key.replace("-", "_")
         if name not in known:
             raise InvalidSetting(f"config file {path}: unknown setting {key!r}")
+        if name in keys:  # max-sessions and max_sessions: which one was meant is not for the runner to guess
+            raise InvalidSetting(f"config file {path}: {keys[name]!r} and {key!r} are one setting, given twice")
+        keys[name] = key
         origins[name] = f"config file {path}: {key} ="
         try:
             values[name] = convert(name, known[name], value)
@@ -447,6 +462,11 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         problem = _path_problem(name, values[name]) if isinstance(values[name], str) else None
         if problem:
             raise InvalidSetting(f"{origin} {shown(name, values[name])}: {problem}")
+    if settings.tokens:  # each right alone; together, every token given once
+        try:
+            read_tenants(settings.tokens, settings.tokens_file)
+        except ValueError as exc:
+            raise InvalidSetting(f"{origins['tokens']} {shown('tokens', settings.tokens)}: {exc}") from None
     return settings
 
 

@@ -72,7 +72,8 @@ class Connection:
     # shares its keys with the other sessions' and holds a whole hash table of its own.
     __slots__ = (
         "_close_deadline", "_closed", "_closed_by_us", "_counted", "_ended", "_eof", "_fragments", "_idle_since",
-        "_lost_worker", "_memory_held", "_parser", "_reactor", "_record_dir", "_replaceable", "_requested", "_run",
+        "_lost_worker", "_memory_held", "_parser", "_quota_refused", "_reactor", "_record_dir", "_replaceable",
+        "_requested", "_run",
         "_scrape", "_spawn", "_timer", "_trace_context", "_worker_pid", "correlation_id", "lease", "ledger", "peer",
         "pool", "recorder", "session", "settings", "state", "tenant", "tenant_name", "transport", "ws",
     )  # fmt: skip
@@ -124,6 +125,7 @@ class Connection:
         self.tenant_name = ""  # whose token the session bears (``tenants``; set at the handshake)
         self.tenant = ""  # executions of different tenants never share a worker, unless told to
         self._memory_held = 0  # the running execution's memoryLimitBytes, in its tenant's ledger
+        self._quota_refused = False  # the execute being refused is at its tenant's quota (``_admission``)
         self._trace_context: dict[str, str] = {}  # the host's W3C trace context, when traces are on
         self._worker_pid: int | None = None  # the current execution's worker, for its trace
         self._lost_worker = False  # ... and whether it was lost
@@ -178,14 +180,16 @@ class Connection:
             )
         self._guarded(self._end)
 
-    def _admission(self, execution_id: str) -> str | None:
-        """(The session, as an execute arrives.) Why this session's tenant may start no execution now,
-        at one of its quotas (checked at the handshake, and again here: a session runs many); or None.
-        A refusal is logged (a few lines a second) and counted by tenant and quota."""
-        over = self.ledger.refusal(self.tenant_name, self._reactor.now(), opening=False)
+    def _admission(self, execution_id: str, memory_limit: int) -> str | None:
+        """(The session, as an execute arrives.) Why this session's tenant may start no execution of
+        ``memory_limit`` bytes now, at one of its quotas (checked at the handshake, and again here: a
+        session runs many); or None. A refusal is logged (a few lines a second) and counted by tenant
+        and quota."""
+        over = self.ledger.refusal(self.tenant_name, self._reactor.now(), opening=False, memory_limit=memory_limit)
         if over is None:
             return None
         quota, wait_s, message = over
+        self._quota_refused = True
         self.state.refusals.refuse_execution(execution_id, self.peer, self.correlation_id, self.tenant_name, quota)
         if self.state.metrics is not None:
             self.state.metrics.quota_refused_executions.labels(self.tenant_name, quota).inc()
@@ -417,14 +421,17 @@ class Connection:
     def _observe(self, record: ExecutionEnded) -> None:
         """Count, log and trace an execution that ended, or an execute refused before it started.
         One refused while another execution runs leaves that one's memory in the tenant's ledger
-        and its worker in its trace."""
+        and its worker in its trace. One refused at its tenant's quota is counted by
+        ``execbox_quota_refused_executions_total`` alone: its ``internal_error`` is not the runner's
+        fault, which that code counts in ``execbox_executions_total`` (and alerts on)."""
         ran = self.session.execution_id is None  # else the record is of an execute refused meanwhile
         if ran:
             self.ledger.execution_ended(self.tenant_name, self._memory_held)
             self._memory_held = 0
         if self.recorder is not None:
             self.recorder.execution_ended(record)
-        if self.state.metrics is not None:
+        quota_refused, self._quota_refused = self._quota_refused, False
+        if self.state.metrics is not None and not quota_refused:
             self.state.metrics.execution_ended(record, self.tenant_name)
         logs.execution_ended(
             record,

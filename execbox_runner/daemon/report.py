@@ -16,9 +16,17 @@ from .. import __version__
 from ..exposure import is_loopback
 from ..worker import memory_limit, native, sandbox
 from .config import Settings
-from .machine import default_max_sessions, default_memory_budget, memory_bytes, raise_open_files
+from .machine import (
+    RESERVED_FDS,
+    default_max_sessions,
+    default_memory_budget,
+    default_processes,
+    memory_bytes,
+    raise_open_files,
+    usable_cores,
+)
 from .startup import engine
-from .supervisor import shard_count
+from .supervisor import is_shard, shard_count
 from .tenants import Tenant, read_tenants
 
 
@@ -95,10 +103,53 @@ def unsafe_settings(
     return [name for name in UNSAFE_SETTINGS if applies[name]]
 
 
+def shares_cpu(settings: Settings) -> bool:
+    """Whether the pool shares the CPU between tenants by their weights: it needs each tenant's
+    own workers, of the standard profile (a worker running many guests, some of them held back)."""
+    return not settings.share_workers_across_tokens and settings.profile != "hardened"
+
+
+def tenant_warnings(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]) -> list[str]:
+    """One sentence for each setting of the tokens file that these settings leave without effect,
+    so that an operator learns it at start rather than from a tenant that was never held back."""
+    found = []
+    for tenant in {tenant.name: tenant for _, tenant in tenants}.values():
+        if tenant.cpu_seconds_per_minute is not None and settings.share_workers_across_tokens:
+            found.append(
+                f"tenant {tenant.name}'s cpu_seconds_per_minute counts nothing with --share-workers-across-tokens true:"
+                " its guests' CPU is not told apart from other tenants'"
+            )
+        if tenant.weight != 1 and not shares_cpu(settings):
+            found.append(
+                f"tenant {tenant.name}'s weight has no effect: fair shares need tenants' own workers"
+                " of the standard profile (not --share-workers-across-tokens true, not --profile hardened)"
+            )
+    return found
+
+
+def descriptor_warnings(settings: Settings) -> list[str]:
+    """A sentence when a stated ``--max-sessions`` is more than a daemon process's descriptor
+    limit carries (each session is a socket; the default is sized to fit): past it, connections
+    are shed, while ``execbox_max_sessions``, the alerts and the autoscaler count on the setting."""
+    if not settings.max_sessions:
+        return []
+    processes = 1 if is_shard() else settings.processes or default_processes(usable_cores())
+    share = math.ceil(settings.max_sessions / processes)  # a shard's setting is its share already
+    limit = raise_open_files()
+    if share <= limit - RESERVED_FDS:
+        return []
+    return [
+        f"--max-sessions is more than the descriptor limit carries: {share} sessions a daemon process, against"
+        f" {limit} descriptors; raise the limit (LimitNOFILE, the runtime's nofile) to {share + RESERVED_FDS}"
+        " or more, or connections past it are shed"
+    ]
+
+
 def host_report(settings: Settings) -> HostReport:
     """What the daemon enforces here with these settings (``info``, ``/healthz``, start-up warnings)."""
     found = sandbox.capabilities()  # one probe (a forked child) for both reports below
     protections = sandbox.enforcement(settings.sandbox, found)
+    tenants = accepted_tenants(settings)
     return {
         "version": __version__,
         "python": platform.python_version(),
@@ -120,8 +171,8 @@ def host_report(settings: Settings) -> HostReport:
         },
         "protections": protections,
         "network_mechanism": sandbox.network_mechanism(settings.sandbox, found),
-        "warnings": sandbox.warnings(protections),
-        "unsafe_settings": unsafe_settings(settings, accepted_tokens(settings), protections),
+        "warnings": sandbox.warnings(protections) + tenant_warnings(settings, tenants) + descriptor_warnings(settings),
+        "unsafe_settings": unsafe_settings(settings, tuple(token for token, _ in tenants), protections),
         "limits": {
             **{key: value for key, value in asdict(settings).items() if key.startswith("max_")},
             "max_sessions": effective_max_sessions(settings),

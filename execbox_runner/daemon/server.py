@@ -22,7 +22,6 @@ sampler and the drain are tasks of the daemon's nursery beside it.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -44,7 +43,7 @@ from .machine import cpu_seconds, raise_open_files, resident_bytes, usable_cores
 from .net.listeners import Acceptor, Listener, listen
 from .net.reactor import Reactor
 from .observability import logs, tracing
-from .observability.endpoints import REFUSAL_SUMMARY_S, DaemonState, Refusals
+from .observability.endpoints import ADMIT_MEMORY_SHARE, REFUSAL_SUMMARY_S, DaemonState, Refusals
 from .observability.metrics import LiveState, Metrics
 from .pool.pool import WorkerPool
 from .pool.sharing import Shares
@@ -54,6 +53,7 @@ from .report import (
     effective_max_sessions,
     host_report,
     memory_budget,
+    shares_cpu,
     worker_arguments,
     worker_capacity,
 )
@@ -185,50 +185,29 @@ def _tls_problem(certfile: str, keyfile: str, exc: OSError) -> str:
     return f"cannot use --certfile {certfile} with the private key of {key}: {exc.reason or exc}"
 
 
-def record_directory(settings: Settings) -> Path | None:
+def record_directory(settings: Settings, *, create: bool = True) -> Path | None:
     """``--record-dir``, created if missing and tried with a file, so that a directory the daemon
-    cannot write (read-only, another user's) stops it at start rather than losing every record."""
+    cannot write (read-only, another user's) stops it at start rather than losing every record.
+    Without ``create`` (``info``, which makes nothing), the file is tried in the directory, or in
+    its nearest existing parent, where the directory would be made."""
     if not settings.record_dir:
         return None
     directory = Path(settings.record_dir)
+    tried = directory if create else next(path for path in (directory, *directory.parents) if path.exists())
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        _try_writing(directory)
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=tried, prefix=".writable-"):
+            pass
     except OSError as exc:
         raise ConfigurationError(f"cannot use --record-dir {directory}: {exc.strerror}") from None
     return directory
 
 
-def record_directory_problem(settings: Settings) -> str | None:
-    """Why ``serve`` would stop at ``--record-dir`` (``info``), found leaving nothing behind: an
-    existing directory is tried with a file, as ``serve`` tries it; for a missing one, a directory is
-    made and removed in its nearest existing parent."""
-    if not settings.record_dir:
-        return None
-    directory = Path(settings.record_dir).absolute()
-    existing = next(path for path in (directory, *directory.parents) if path.exists())
-    try:
-        if existing == directory:
-            _try_writing(directory)
-        elif not existing.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-        else:
-            os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".writable-"))
-    except OSError as exc:
-        return f"serve would stop: cannot use --record-dir {settings.record_dir}: {exc.strerror}"
-    return None
-
-
-def _try_writing(directory: Path) -> None:
-    """Raises the OSError of a directory in which no file can be made."""
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".writable-"):
-        pass
-
-
 def tenant_shares(settings: Settings, tenants: tuple[tuple[bytes, Tenant], ...]) -> Shares | None:
     """How the pool shares the machine between the active tenants (``tenants.shares``, by their
     weights): None where tenants do not have workers of their own, or a worker runs one guest."""
-    if not tenants or settings.share_workers_across_tokens or settings.profile == "hardened":
+    if not tenants or not shares_cpu(settings):
         return None
     weights = {tenant.name: tenant.weight for _, tenant in tenants}
     cores = max(1, usable_cores() // shard_count())
@@ -341,6 +320,7 @@ class Daemon:
         )
         host, port = listeners[0].address
         self._announce(listeners, scrapers)
+        self._check_budget_at_rest()
         nursery.start_soon(self._sample_memory)
         nursery.start_soon(self._summarize_refusals)
         if self.tokens and not self.settings.share_workers_across_tokens:
@@ -481,6 +461,22 @@ class Daemon:
             return True
         log.warning("cannot accept a connection: %s", error.strerror)
         return False
+
+    def _check_budget_at_rest(self) -> None:
+        """A ``WARNING`` when the daemon, its zygote and warm workers already use the share of the
+        memory budget at which handshakes are refused, before any session: a budget set below that
+        would otherwise refuse every session (503 ``memory``) with the probes all answering ready."""
+        used = self.state.memory_used = resident_bytes([os.getpid(), *self.pool.pids])
+        budget = self.state.memory_budget
+        if used >= budget * ADMIT_MEMORY_SHARE:
+            log.warning(
+                "memory budget too small: %.1f MiB in use before any session, %d%% of the %.1f MiB budget or more;"
+                " every session will be refused (503 memory) until --memory-budget-bytes is raised",
+                used / (1 << 20),
+                round(ADMIT_MEMORY_SHARE * 100),
+                budget / (1 << 20),
+                extra={"memory_used_bytes": used, "memory_budget_bytes": budget},
+            )
 
     async def _sample_memory(self) -> None:
         """Keep ``memory_used`` (this daemon, its zygote, its workers) current for admission, and

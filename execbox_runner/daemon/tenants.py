@@ -15,7 +15,8 @@ Quotas, each per tenant and per daemon process (with ``--processes``, each shard
 
 - ``max_sessions``: sessions open at once;
 - ``executions_per_minute``: executions started in the last 60 s;
-- ``memory_in_flight_bytes``: the sum of the ``memoryLimitBytes`` of its executions running now;
+- ``memory_in_flight_bytes``: the sum of the ``memoryLimitBytes`` of its executions running now,
+  a new execution's own included;
 - ``cpu_seconds_per_minute``: CPU its worker processes spent in the last 60 s, sampled each second
   (its guests' CPU: it needs the tenant's own workers, so not with ``--share-workers-across-tokens``).
 
@@ -62,14 +63,13 @@ def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
     setting, a token given twice, a token no client could send), OSError for a file that cannot be read."""
     named: dict[str, Tenant] = {}
     tenants: list[tuple[bytes, str]] = []
-    lines: dict[str, str] = {}  # each token of the file -> its line
+    given: dict[str, str] = {}  # each token -> where: its line of the file, or "" inline
     for index, (entry, where) in enumerate(token_entries(inline, path)):
         token, _, settings = entry.partition(" ") if where else (entry, "", "")  # settings: the file's only
         check_sendable(token, where)
-        if where and token in lines:  # one of the two lines would be ignored
-            raise ValueError(f"{where}: the token of {lines[token]} again (a token is one tenant's)")
-        if where:
-            lines[token] = where
+        if token in given:  # one of the two would be ignored, its tenant's quotas with it
+            raise ValueError(_again(where, given[token]))
+        given[token] = where
         tenant = _tenant(index, where, settings)
         known = named.get(tenant.name)
         if known is None or (_has_settings(tenant) and not _has_settings(known)):
@@ -80,12 +80,24 @@ def read_tenants(inline: str, path: str) -> tuple[tuple[bytes, Tenant], ...]:
     return tuple((token, named[name]) for token, name in tenants)
 
 
+def _again(where: str, first: str) -> str:
+    """Why a token given a second time (``where``; ``first``: the first time) is refused: inline
+    tokens come first, so a file's line may repeat one of them, never the other way round."""
+    if first:
+        return f"{where}: the token of {first} again (a token is one tenant's)"
+    if where:
+        return f"{where} of the tokens file gives one of these tokens again (a token is one tenant's)"
+    return "one token given twice (a token is one tenant's)"
+
+
 def _tenant(index: int, where: str, text: str) -> Tenant:
     values: dict[str, str | int] = {}
     for item in text.split():
         key, equals, value = item.partition("=")
         if not equals or key not in ("tenant", *SETTINGS):
             raise ValueError(f"{where}: {item!r} is not tenant=NAME or one of {', '.join(q + '=N' for q in SETTINGS)}")
+        if key in values:  # which one was meant is not for the runner to guess
+            raise ValueError(f"{where}: {key} is given twice")
         if key == "tenant":
             if not _NAME.fullmatch(value):
                 raise ValueError(f"{where}: tenant name {value!r} must be 1-64 letters, digits, '.', '_' or '-'")
@@ -138,10 +150,14 @@ class Ledger:
         self._quotas = {tenant.name: tenant for tenant in tenants if _has_quotas(tenant)}
         self._usage: dict[str, _Usage] = {name: _Usage() for name in self._quotas}
 
-    def refusal(self, name: str, now: float, *, opening: bool = True) -> tuple[str, float, str] | None:
+    def refusal(
+        self, name: str, now: float, *, opening: bool = True, memory_limit: int = 0
+    ) -> tuple[str, float, str] | None:
         """(quota, seconds until it may allow one, message) when ``name`` is at a quota; else None.
         ``opening``: for a session to open (every quota); else for an execution on an open session
-        (every quota but ``max_sessions``, which that session is already counted in)."""
+        (every quota but ``max_sessions``, which that session is already counted in), asking for
+        ``memory_limit`` bytes: refused if they would take the tenant past ``memory_in_flight_bytes``,
+        so that the quota bounds the sum rather than only the executions that start under it."""
         tenant, usage = self._quotas.get(name), self._usage.get(name)
         if tenant is None or usage is None:
             return None
@@ -156,9 +172,11 @@ class Ledger:
                 max(wait, 1.0),
                 f"tenant {name} started {limit} executions in the last minute",
             )
-        if tenant.memory_in_flight_bytes is not None and usage.memory >= tenant.memory_in_flight_bytes:
-            limit = tenant.memory_in_flight_bytes
-            return "memory_in_flight_bytes", 1.0, f"tenant {name}'s running executions hold their {limit} bytes"
+        budget = tenant.memory_in_flight_bytes
+        if budget is not None and (usage.memory >= budget or usage.memory + memory_limit > budget):
+            asked = f", and this execution asks for {memory_limit}" if memory_limit else ""
+            message = f"tenant {name}'s running executions hold {usage.memory} of its {budget} bytes{asked}"
+            return "memory_in_flight_bytes", 1.0, message
         if tenant.cpu_seconds_per_minute is not None:
             while usage.cpu and usage.cpu[0][0] <= now - WINDOW_S:
                 usage.cpu.popleft()

@@ -168,7 +168,7 @@ class Session:
         max_output_bytes: int = 16 << 20,
         max_timeout_ms: float = 300_000,
         max_memory_limit_bytes: int = 512 << 20,
-        admit: Callable[[str], str | None] | None = None,
+        admit: Callable[[str, int], str | None] | None = None,
     ) -> None:
         # How long an aborted worker gets to hand over its last logs before
         # ``done`` goes out without them. After a cancel the host force-closes
@@ -184,8 +184,9 @@ class Session:
         # so a host never gets a limit it did not ask for.
         self.max_timeout_ms = max_timeout_ms
         self.max_memory_limit_bytes = max_memory_limit_bytes
-        # Asked with each valid execute's id as it arrives: why the runner starts no execution for
-        # this session now (its tenant at a quota), refused with ``internal_error`` and that reason; or None.
+        # Asked with each valid execute's id and memoryLimitBytes as it arrives: why the runner starts
+        # no execution for this session now (its tenant at a quota), refused with ``internal_error``
+        # and that reason; or None.
         self._admit = admit
         self.phase = Phase.IDLE
         self.deadline: float | None = None
@@ -254,7 +255,7 @@ class Session:
                 "validation_error",
                 f"memoryLimitBytes {memory_limit} exceeds this runner's maximum of {self.max_memory_limit_bytes}",
             )
-        if self._admit is not None and (refusal := self._admit(message.id)) is not None:
+        if self._admit is not None and (refusal := self._admit(message.id, memory_limit)) is not None:
             return _rejected(message.id, "internal_error", refusal)
         deadline = now + options.timeoutMs / 1000
         # Any log limit a host can write works, as the largest this runner keeps (see ``LogLimit``).

@@ -161,11 +161,15 @@ class ZygoteClient:
             self._zygote = None
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            # A session of its own, as the supervisor's shards: a signal to the daemon's process group
+            # (`timeout`, an init or process manager that signals groups) reaches the daemon, which
+            # drains, and not the workers, whose running executions it would end.
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "execbox_runner.worker.zygote", str(child.fileno()), *self.worker_args],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=worker_environment(os.environ),
+                start_new_session=True,
             )
         except BaseException:
             parent.close()
