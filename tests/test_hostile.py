@@ -184,3 +184,28 @@ def test_a_huge_error_message_is_cut_and_fails_no_other_execution() -> None:
     prefix = "Guest code returned a non-serializable value: reading it threw: "
     expected = prefix + "y" * (MAX_MESSAGE_CHARS - len(prefix))
     assert got["error"] == {"code": "serialization_error", "message": expected}
+
+
+def test_a_guest_that_catches_rejections_of_oversized_inputs_fails_no_other_execution() -> None:
+    """Each round sends one input and has a second, too big beside it, rejected: the guest's next
+    round is in the same report to the daemon. Four rounds made a frame past the daemon's bound on
+    a worker's (twice --max-output-bytes, and 1 MiB), and the daemon lost the worker, failing every
+    execution on it with internal_error."""
+    args = ("--max-output-bytes", str(2 << 20), "--warm-workers", "1", "--max-workers", "1")
+    code = """const s = 'x'.repeat(1.8 * (1 << 20));
+    for (let i = 0; i < 4; i++) { tools.echo(s); try { await tools.echo(s) } catch (e) { console.log(i, e.code) } }
+    'end'"""
+    with running_daemon(*args) as d, client(d.url) as other, client(d.url) as ws:
+        other.send(execute("victim", "await tools.echo(1) + 1"))
+        assert receive(other)["type"] == "started"
+        call = receive(other)
+        ws.send(execute("rounds", code, timeoutMs=60_000, memoryLimitBytes=256 << 20))
+        messages = [receive(ws, timeout=60)]
+        while messages[-1]["type"] != "done":
+            messages.append(receive(ws, timeout=60))
+        other.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 1}))
+        assert receive(other)["result"] == 2
+    *sent, done = messages
+    assert [(m["type"], len(m.get("input", ""))) for m in sent] == [("started", 0), ("tool_call", int(1.8 * (1 << 20)))]
+    assert (done["ok"], done.get("result")) == (True, "end"), done.get("error")
+    assert done["logs"] == [f"{i} serialization_error" for i in range(4)]
