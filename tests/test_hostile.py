@@ -209,3 +209,21 @@ def test_a_guest_that_catches_rejections_of_oversized_inputs_fails_no_other_exec
     assert [(m["type"], len(m.get("input", ""))) for m in sent] == [("started", 0), ("tool_call", int(1.8 * (1 << 20)))]
     assert (done["ok"], done.get("result")) == (True, "end"), done.get("error")
     assert done["logs"] == [f"{i} serialization_error" for i in range(4)]
+
+
+def test_megabytes_of_code_hold_up_no_other_execution_of_the_worker() -> None:
+    """tree-sitter, which normalizes the code, holds the GIL while it parses: seconds for these 8 MB,
+    during which every other execution of the worker waited (the next ones timed out), and a
+    cancel could not stop it. It reads the code a piece at a time, and stops at a cancel."""
+    code = "[" + "1," * 4_000_000 + "]"
+    with running_daemon("--warm-workers", "1", "--max-workers", "1") as d, client(d.url) as big, client(d.url) as ws:
+        big.send(execute("big", code, timeoutMs=60_000, memoryLimitBytes=256 << 20))
+        assert receive(big)["type"] == "started"
+        dones = []
+        until = time.monotonic() + 4  # past the start of the parse, which compiling the code precedes
+        while time.monotonic() < until:
+            dones.append(run_to_done(ws, f"small-{len(dones)}", "1 + 1", timeoutMs=3000))
+        big.send(json.dumps({"type": "cancel", "id": "big"}))
+        cancelled = receive(big)
+    assert [done.get("result", done.get("error")) for done in dones] == [2] * len(dones)
+    assert cancelled["error"]["code"] == "timeout", cancelled["error"]

@@ -35,7 +35,7 @@ from ..protocol.messages import ErrorCode
 from . import logring, native
 from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure, out_of_memory
 from .logring import CAPACITY
-from .normalize import normalize, standalone
+from .normalize import Program, Stopped, normalize, standalone
 from .runtime import BOOTSTRAP_KEY, MAX_STACK_BYTES, PARSE_STACK_BYTES, Runtime, fresh_runtime
 
 TOO_DEEP_MESSAGE: Final = "Code nested too deeply to parse"
@@ -184,6 +184,7 @@ class GuestRun:
         "ring",
         "waiting",
     )
+    program: Program  # the guest's code, normalized as the run starts
 
     def __init__(
         self, run: ipc.Run, runtime: Runtime | None = None, *, arrived: float | None = None, streamed: bool = False
@@ -208,7 +209,6 @@ class GuestRun:
             self.ring = None
         self.memory = native.MemoryLimit(self.context, run.memory_limit)
         self._refusals_before = 0  # refusals when the guest last resumed
-        self.program = normalize(run.code, self._compiles)
         _shrinking.started()
         self._resumed = False  # whether a tool result has resumed the guest
         self.waiting: set[int] = set()  # tool calls the guest awaits
@@ -220,9 +220,12 @@ class GuestRun:
     # ------------------------------------------------------------------ driving
 
     def start(self) -> ipc.ToolCalls | ipc.Finished:
+        """Normalize the code, evaluate it and call it, then run the first step. Normalizing is part of
+        the run: megabytes of code take tree-sitter seconds, which the deadline or a cancel cut short."""
         run, self._run = self._run, None
         assert run is not None, "started twice"
         try:
+            self.program = normalize(run.code, self._compiles, self._stopping)
             self._arm()
             main = self._evaluate()
             self.context.set_max_stack_size(MAX_STACK_BYTES)
@@ -237,9 +240,13 @@ class GuestRun:
             return self._finish(False, None, "runtime_error", TOO_DEEP_MESSAGE, [])
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
-        except _Interrupted:
+        except (_Interrupted, Stopped):
             return self._interrupted()
         return self.step()
+
+    def _stopping(self) -> bool:
+        """Whether the run must stop now: its deadline has passed, or another thread asked."""
+        return self.interrupt_requested or time.monotonic() >= self.deadline
 
     def _compiles(self, body: str) -> bool:
         """Whether the engine compiles ``body`` (the code, unwrapped) as a function body, asked of long
