@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from execbox_runner.daemon.pool.worker import STUCK_KILL_S
+from execbox_runner.daemon.server import ABANDON_GRACE_S
 from execbox_runner.worker.guest import MAX_MESSAGE_CHARS
 
 from .daemonkit import (
@@ -227,3 +229,29 @@ def test_megabytes_of_code_hold_up_no_other_execution_of_the_worker() -> None:
         cancelled = receive(big)
     assert [done.get("result", done.get("error")) for done in dones] == [2] * len(dones)
     assert cancelled["error"]["code"] == "timeout", cancelled["error"]
+
+
+def test_a_worker_stuck_in_an_aborted_execution_is_killed_only_once_its_other_executions_end() -> None:
+    """Some built-ins run a loop the interrupt cannot stop (a splice over 2**32 - 1 holes): the worker
+    still holds the aborted execution STUCK_KILL_S after its grace, and was then killed with every
+    execution it hosted (internal_error for a host whose tool took 35 s). It takes no new ones, and
+    is killed once those it hosts have ended."""
+    args = ("--warm-workers", "1", "--max-workers", "1")
+    stuck = "const a = []; a.length = 2 ** 32 - 1; a.splice(0, 1); 1"
+    with running_daemon(*args) as d, client(d.url) as other, client(d.url) as ws:
+        other.send(execute("victim", "await tools.echo(1) + 1", timeoutMs=120_000))
+        assert receive(other)["type"] == "started"
+        call = receive(other)
+        (worker,) = d.workers()
+        assert run_to_done(ws, "stuck", stuck, timeoutMs=200)["error"]["code"] == "timeout"
+        time.sleep(ABANDON_GRACE_S + STUCK_KILL_S + 2)  # past the time a stuck worker is killed at
+        assert worker in d.workers(), "the worker was killed while it hosted the victim"
+        other.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 1}))
+        assert receive(other)["result"] == 2
+        deadline = time.monotonic() + 10
+        while worker in d.workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker not in d.workers(), "the stuck worker outlived its last execution"
+        assert run_to_done(ws, "after", "6 * 7")["result"] == 42
+        lines = d.json_lines(lambda lines: any(line.get("exit_reason") == "stuck" for line in lines))
+    assert [line["executions_held"] for line in lines if line.get("exit_reason") == "stuck"] == [1]

@@ -15,8 +15,8 @@ no other task. When a worker dies, every execution it held learns at once
 (``WorkerLost``) and the pool replaces it. A lease given up before its
 execution finished (timeout, cancel, host gone) is abandoned: the worker is
 told to abort it; one that has not complied within ``abandon_grace`` takes no
-new executions, and is killed (with whatever it still hosts) only if the
-execution is still held ``STUCK_KILL_S`` later. A worker that sends anything
+new executions, and is killed only if the execution is still held
+``STUCK_KILL_S`` later, once every other execution it hosts has ended. A worker that sends anything
 malformed is killed. An execution whose worker dies before answering its run
 (no tool call, no log line, no result: nothing of it reached the host) is
 placed on another worker, once, by its connection. Workers are retired after
@@ -525,11 +525,20 @@ class WorkerPool:
         self._retire(worker, "slow_abort")
         await trio.sleep(STUCK_KILL_S)
         if worker.leases.get(lease.slot) is lease:
+            worker.stuck = True
+            self._kill_stuck(worker)
+
+    @staticmethod
+    def _kill_stuck(worker: Worker) -> None:
+        """Kill a stuck worker (a built-in loop the interrupt cannot stop) once every execution it
+        hosts is abandoned: killing it sooner would fail the others, which run on meanwhile."""
+        if worker.stuck and all(lease.abandoned for lease in worker.leases.values()):
             worker.kill("stuck")
 
     def _forget(self, lease: Lease) -> None:
         worker = lease.worker
         worker.leases.pop(lease.slot, None)
+        self._kill_stuck(worker)
         if not worker.leases:
             worker.idle_since = trio.current_time()
             if worker.retiring:

@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S: Final = 30.0
 # A tenant's worker with no execution for this long is stopped (the default tenant keeps its warm ones).
 TENANT_IDLE_S: Final = 30.0
-# A retired worker still holding an aborted execution this long after its grace is stuck: killed.
+# A retired worker still holding an aborted execution this long after its grace is stuck: killed once
+# it hosts no other execution.
 STUCK_KILL_S: Final = 30.0
 # What a slot's host may have left unread of what its worker sent before the worker is judged to be
 # flooding it: a guest's tool calls and logs each fit a message, and a host reads them as they come.
@@ -136,6 +137,7 @@ class Worker:
         self.leases: dict[int, Lease] = {}
         self.started = 0  # executions given to this worker over its life
         self.retiring: StopReason | None = None  # why it takes no new executions; stopped once its last one ends
+        self.stuck = False  # still held an aborted execution STUCK_KILL_S after retiring: killed once it hosts no other
         self.ready = False  # said Ready: it takes executions
         self.start_failure = ""  # why it could not start, as it said instead of Ready
         self.alive = True
