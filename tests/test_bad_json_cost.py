@@ -83,3 +83,40 @@ def test_worker_json_too_deep_is_refused_at_that_depth(tokens: CountingPattern) 
 )
 def test_lone_surrogate_escapes_are_still_json(text: bytes) -> None:
     assert bytes(checked_json(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "execute_id"),
+    [
+        (b'{"type":"cancel","id":[' + b"1," * 1_000_000 + b"1]}", "schema", None),
+        (b'{"type":"tool_result","callId":5,"ok":true,"result":[' + b"1," * 1_000_000 + b"1]}", "schema", None),
+        (
+            b'{"type":"execute","id":"e","code":5,"options":{},"providers":['
+            + b'{"name":"p","tools":{}},' * 100_000
+            + b'{"name":"q","tools":{}}]}',
+            "schema",
+            "e",
+        ),
+        (b'{"type":"nothing","data":[' + b"1," * 1_000_000 + b"1]}", "type", None),
+        (b"[" + b"1," * 1_000_000 + b"1]", "type", None),
+    ],
+)
+def test_json_of_the_wrong_shape_is_answered_without_the_outline(
+    tokens: CountingPattern, text: bytes, kind: str, execute_id: str | None
+) -> None:
+    """msgspec reads it, and finds its members itself: the outline read a million tokens of it (seconds
+    of the daemon's one thread, for every session, at each such frame)."""
+    with pytest.raises(BadMessage) as refused:
+        decode_host(text)
+    assert (refused.value.kind, refused.value.execute_id) == (kind, execute_id)
+    assert tokens.matched == 0
+
+
+def test_json_of_the_wrong_shape_with_invalid_json_after_the_wrong_field_is_invalid_json() -> None:
+    """msgspec stops at the wrong field; what follows it is judged too."""
+    with pytest.raises(BadMessage) as refused:
+        decode_host(b'{"type":"cancel","id":5,"x":[1,}')
+    assert refused.value.kind == "json"
+    with pytest.raises(BadMessage) as refused:
+        decode_host(b"[5, oops")
+    assert refused.value.kind == "json"

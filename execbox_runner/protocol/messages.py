@@ -179,6 +179,7 @@ RunnerMessage: TypeAlias = Started | ToolCall | Log | Done
 
 _host_decoder: Final[msgspec.json.Decoder[HostMessage]] = msgspec.json.Decoder(HostMessage)
 _raw_decoder: Final = msgspec.json.Decoder(Raw)
+_members_decoder: Final = msgspec.json.Decoder(dict[str, Raw])
 _encoder: Final = msgspec.json.Encoder()
 
 # Deepest JSON the runner passes on (a tool result, a guest's result or tool
@@ -218,9 +219,10 @@ _HOST_TYPES: Final = frozenset({"execute", "cancel", "tool_result"})
 def decode_host(data: bytes | str) -> HostMessage:
     """Decode one host frame or raise ``BadMessage`` saying what is wrong with it.
 
-    msgspec takes every ordinary frame. What it refuses is judged again on a
-    non-recursive outline: deep JSON, lone surrogates (which JavaScript strings
-    hold) and out-of-range numbers must get a precise answer, never an exception.
+    msgspec takes every ordinary frame, and finds the members of one of the wrong
+    shape. What it cannot read is judged again on a non-recursive outline: deep
+    JSON, lone surrogates (which JavaScript strings hold) and out-of-range numbers
+    must get a precise answer, never an exception.
     """
     raw = data.encode() if isinstance(data, str) else data
     try:
@@ -230,33 +232,54 @@ def decode_host(data: bytes | str) -> HostMessage:
         detail: str | None = str(exc)
     except (msgspec.DecodeError, RecursionError, BadJSON):
         detail = None  # maybe valid all the same: the outline decides
-
-    def enough(members: dict[str, tuple[int, int]]) -> bool:
-        """Whether a message too deep to take says what its answer needs: its type, an execute's id."""
-        return "type" in members and ("id" in members or _member_string(raw, members, "type") != "execute")
-
-    try:
-        members, deep = _outline(raw, enough)
-    except BadJSON as exc:
-        raise BadMessage("json", str(exc)) from None
+    members, deep = _top_level(raw, shaped=detail is not None)
     if members is None:
         raise BadMessage("type", "a message must be a JSON object")
-    kind = _member_string(raw, members, "type")
+    kind = _string(members.get("type"))
     if kind not in _HOST_TYPES:
-        shown = _clip(raw[slice(*members["type"])].decode()) if "type" in members else "none"
+        shown = _clip(members["type"].decode()) if "type" in members else "none"
         raise BadMessage("type", f"unknown message type: {shown}")
     if deep:
         detail = TOO_DEEP
     elif detail is None:
         try:
-            return _decode_members(raw, members)
+            return _decode_members(members)
         except (msgspec.ValidationError, RecursionError, UnicodeEncodeError) as exc:
             detail = _detail(exc)
-    execute_id = _member_string(raw, members, "id") if kind == "execute" else None
+    execute_id = _string(members.get("id")) if kind == "execute" else None
     raise BadMessage("schema", detail, execute_id)
 
 
-def _decode_members(data: bytes, members: dict[str, tuple[int, int]]) -> HostMessage:
+def _top_level(data: bytes, *, shaped: bool) -> tuple[dict[str, bytes] | None, bool]:
+    """The JSON text of each member of the top-level object (None for any other value), and whether
+    it nests deeper than ``MAX_DEPTH``; ``BadMessage`` if it is not JSON.
+
+    ``shaped``: msgspec read ``data`` as far as a field of the wrong type, so it can most often
+    find the members (and say it is JSON) itself. The outline reads a token at a time, seconds of
+    the daemon's one thread for megabytes: it reads only what msgspec cannot (lone surrogates, deep
+    or invalid JSON), and what follows the wrong field is not known to be JSON."""
+    if shaped:
+        try:
+            return {key: bytes(value) for key, value in _members_decoder.decode(data).items()}, False
+        except msgspec.ValidationError:  # not an object (nor JSON, if msgspec can say so)
+            if (error := _json_error(data)) is not None:
+                raise BadMessage("json", f"invalid JSON ({error})") from None
+            return None, False
+        except (msgspec.DecodeError, RecursionError):
+            pass
+
+    def enough(spans: dict[str, tuple[int, int]]) -> bool:
+        """Whether a message too deep to take says what its answer needs: its type, an execute's id."""
+        return "type" in spans and ("id" in spans or _string(data[slice(*spans["type"])]) != "execute")
+
+    try:
+        spans, deep = _outline(data, enough)
+    except BadJSON as exc:
+        raise BadMessage("json", str(exc)) from None
+    return (None if spans is None else {key: data[start:end] for key, (start, end) in spans.items()}), deep
+
+
+def _decode_members(members: dict[str, bytes]) -> HostMessage:
     """The message, decoded one top-level member at a time.
 
     A ``result`` stays the JSON text the host sent (lone surrogates and depth
@@ -265,8 +288,7 @@ def _decode_members(data: bytes, members: dict[str, tuple[int, int]]) -> HostMes
     except an error's ``message``, which reaches the guest unchanged too.
     """
     fields: dict[str, object] = {}
-    for key, (start, end) in members.items():
-        text = data[start:end]
+    for key, text in members.items():
         if key == "result":
             fields[key] = Raw(text)
             continue
@@ -289,12 +311,9 @@ def _detail(exc: Exception) -> str:
     return str(exc)
 
 
-def _member_string(data: bytes, members: dict[str, tuple[int, int]], key: str) -> str | None:
-    """A top-level member that is a well-formed string, else None."""
-    if key not in members:
-        return None
-    text = data[slice(*members[key])]
-    if not text.startswith(b'"'):
+def _string(text: bytes | None) -> str | None:
+    """A member's JSON ``text`` if it is a well-formed string, else None."""
+    if text is None or not text.startswith(b'"'):
         return None
     value = json.loads(text)
     assert isinstance(value, str)
