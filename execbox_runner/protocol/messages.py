@@ -267,6 +267,8 @@ def _top_level(data: bytes, *, shaped: bool) -> tuple[dict[str, bytes] | None, b
             return None, False
         except (msgspec.DecodeError, RecursionError):
             pass
+    elif (members := _members_around_surrogates(data)) is not None:
+        return members, False
 
     def enough(spans: dict[str, tuple[int, int]]) -> bool:
         """Whether a message too deep to take says what its answer needs: its type, an execute's id."""
@@ -277,6 +279,42 @@ def _top_level(data: bytes, *, shaped: bool) -> tuple[dict[str, bytes] | None, b
     except BadJSON as exc:
         raise BadMessage("json", str(exc)) from None
     return (None if spans is None else {key: data[start:end] for key, (start, end) in spans.items()}), deep
+
+
+def _members_around_surrogates(data: bytes) -> dict[str, bytes] | None:
+    """The members of ``data``, a top-level object that msgspec refused only for its lone surrogate
+    escapes (which JavaScript strings hold: a large tool result may well have one); None for any
+    other ``data``, or one with a repeated member, for the outline to read.
+
+    Its surrogate escapes replaced, msgspec reads it (``_json_error``), and says how long each
+    member's value is, in ``data`` too: a walk of the top level alone then finds them all."""
+    try:
+        _check_utf8(data)
+    except BadJSON:
+        return None
+    alike = _without_surrogates(data)
+    try:
+        lengths = {key: len(value) for key, value in _members_decoder.decode(alike).items()}
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+    # Each member is read once, its length taken: a repeated one (msgspec said how long its last
+    # value is, not the others') is either found again or throws the walk off its tokens.
+    members: dict[str, bytes] = {}
+    token = _TOKEN.match(alike, 0)
+    while token is not None and token.lastgroup in ("open", "comma"):
+        key = _TOKEN.match(alike, token.end())
+        if key is None or key.lastgroup != "string":
+            return members if not lengths and key is not None and key.lastgroup == "close" else None
+        length = lengths.pop(json.loads(alike[key.start("string") : key.end()]), None)
+        colon = _TOKEN.match(alike, key.end())
+        if length is None or colon is None or colon.lastgroup != "colon":
+            return None
+        start = _SPACES.match(alike, colon.end()).end()  # type: ignore[union-attr]  # it matches anywhere
+        members[json.loads(data[key.start("string") : key.end()])] = data[start : start + length]
+        token = _TOKEN.match(alike, start + length)
+        if token is not None and token.lastgroup == "close":
+            return members if not lengths else None
+    return None
 
 
 def _decode_members(members: dict[str, bytes]) -> HostMessage:
@@ -337,6 +375,7 @@ _TOKEN: Final = re.compile(
     re.VERBOSE,
 )
 _SPACE: Final = re.compile(rb"[ \t\n\r]*+\Z")
+_SPACES: Final = re.compile(rb"[ \t\n\r]*+")
 
 
 def _outline(
@@ -413,6 +452,11 @@ def _outline(
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+def _without_surrogates(data: bytes) -> bytes:
+    """``data`` with every surrogate escape made ``\\u0041``: of the same length, each value where it was."""
+    return _SURROGATE_ESCAPE.sub(rb"\\u0041", data)
+
+
 def _json_error(data: bytes) -> str | None:
     """msgspec's reason why ``data`` is not JSON, lone surrogate escapes allowed; None when it is, or
     when it nests too deeply for msgspec to say (the outline decides then).
@@ -421,7 +465,7 @@ def _json_error(data: bytes) -> str | None:
     not) or follows an escaped backslash (plain text): the text is JSON exactly when it was,
     but for its surrogates, which msgspec refuses and JavaScript strings hold."""
     try:
-        _raw_decoder.decode(_SURROGATE_ESCAPE.sub(rb"\\u0041", data))
+        _raw_decoder.decode(_without_surrogates(data))
     except msgspec.DecodeError as exc:
         return str(exc)
     except RecursionError:
