@@ -533,3 +533,24 @@ def test_the_calls_of_one_report_fit_the_bound_however_often_the_guest_catches_a
     assert isinstance(out, ipc.ToolCalls)
     assert [raw for _, _, _, raw in out.calls] == [b'"' + b"x" * 60 + b'"', b"1"]
     assert out.logs == ["serialization_error"] * 5 + ["seria"]  # every round's rejection, to 100 characters
+
+
+def test_the_largest_finished_a_guest_can_make_fits_the_daemons_bound_on_a_workers_frame() -> None:
+    """Where no ring carries the log lines (``native.SHARES`` false, as off x86-64), the step's lines
+    go with its report: with a result and a call of the largest size, that made a frame past the
+    daemon's bound (twice --max-output-bytes, and 1 MiB), which loses the worker with every
+    execution it hosts."""
+    largest = 4 << 20
+    code = f"""for (let i = 0; i < 8; i++) console.log('€'.repeat({largest // 6 // 8}));
+    tools.echo('x'.repeat({largest - 10})); 'y'.repeat({largest - 10})"""
+    message = msgspec.structs.replace(
+        run_message(code, memory=256 << 20),
+        providers=[("tools", ["echo"])],
+        max_output_bytes=largest,
+        max_log_lines=largest // 6,
+        max_log_chars=largest // 6,
+    )
+    finished = GuestRun(message, streamed=False).start()
+    assert isinstance(finished, ipc.Finished) and finished.ok
+    assert (len(finished.calls), sum(map(len, finished.logs))) == (1, largest // 6 // 8 * 8)
+    assert len(ipc.frame(1, finished)) <= ipc.max_frame(largest)

@@ -191,7 +191,7 @@ def test_a_huge_error_message_is_cut_and_fails_no_other_execution() -> None:
 def test_a_guest_that_catches_rejections_of_oversized_inputs_fails_no_other_execution() -> None:
     """Each round sends one input and has a second, too big beside it, rejected: the guest's next
     round is in the same report to the daemon. Four rounds made a frame past the daemon's bound on
-    a worker's (twice --max-output-bytes, and 1 MiB), and the daemon lost the worker, failing every
+    a worker's (``ipc.max_frame``), and the daemon lost the worker, failing every
     execution on it with internal_error."""
     args = ("--max-output-bytes", str(2 << 20), "--warm-workers", "1", "--max-workers", "1")
     code = """const s = 'x'.repeat(1.8 * (1 << 20));

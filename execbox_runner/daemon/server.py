@@ -36,6 +36,7 @@ import trio
 
 from .. import __version__
 from ..exposure import is_loopback, read_tokens
+from ..protocol import ipc
 from ..worker import native
 from .config import Settings
 from .connection import Connection
@@ -233,7 +234,7 @@ class Daemon:
             max_workers=settings.max_workers,
             capacity=worker_capacity(settings),
             lifetime=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
-            max_frame=2 * settings.max_output_bytes + (1 << 20),
+            max_frame=ipc.max_frame(settings.max_output_bytes),
             worker_args=worker_arguments(settings),
             abandon_grace=ABANDON_GRACE_S,
             reactor=self.reactor,

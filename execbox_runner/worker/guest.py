@@ -51,7 +51,7 @@ ABORT_BUDGET_S: Final = 0.002
 UNWIND_S: Final = 0.02
 TIMEOUT_MESSAGE: Final = "Execution timed out"
 # An execution's error message is cut to this many characters: what a guest throws is a message of
-# any size, and with it the frame of its end, whose bound (twice --max-output-bytes, and 1 MiB)
+# any size, and with it the frame of its end, whose bound (``ipc.max_frame``)
 # the result's, the calls' and the logs' own limits keep to otherwise.
 MAX_MESSAGE_CHARS: Final = 1 << 16
 
