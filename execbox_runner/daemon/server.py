@@ -36,7 +36,6 @@ import trio
 
 from .. import __version__
 from ..exposure import is_loopback, read_tokens
-from ..protocol import ipc
 from ..worker import native
 from .config import Settings
 from .connection import Connection
@@ -234,7 +233,7 @@ class Daemon:
             max_workers=settings.max_workers,
             capacity=worker_capacity(settings),
             lifetime=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
-            max_frame=ipc.max_frame(settings.max_output_bytes),
+            max_output_bytes=settings.max_output_bytes,
             worker_args=worker_arguments(settings),
             abandon_grace=ABANDON_GRACE_S,
             reactor=self.reactor,

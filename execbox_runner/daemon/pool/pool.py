@@ -87,7 +87,7 @@ class WorkerPool:
         max_workers: int,
         capacity: int,
         lifetime: int,
-        max_frame: int,
+        max_output_bytes: int,
         worker_args: list[str],
         abandon_grace: float,
         reactor: Reactor,
@@ -104,7 +104,7 @@ class WorkerPool:
         self.max_workers = max(max_workers, warm, 1)
         self.capacity = max(capacity, 1)
         self.lifetime = lifetime or math.inf
-        self.max_frame = max_frame
+        self.max_output_bytes = max_output_bytes  # bounds what each worker may send (``Worker``)
         self.abandon_grace = abandon_grace
         self.reactor = reactor  # reads the workers' channels and batches what is written to them
         self.sharing = Sharing(shares) if shares is not None else None
@@ -242,7 +242,7 @@ class WorkerPool:
         except ProcessLookupError:
             pidfd = -1  # exited at once: its channel reads as closed, its status comes from the zygote
         assert self._nursery is not None
-        return Worker(pid, pidfd, channel, self.max_frame, self.reactor, self._nursery.start_soon)
+        return Worker(pid, pidfd, channel, self.max_output_bytes, self.reactor, self._nursery.start_soon)
 
     async def _relay(self, worker: Worker) -> None:
         """Follow the worker from its start: the reactor reads its channel (routed by ``_route``)
