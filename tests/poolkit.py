@@ -35,7 +35,7 @@ async def running_pool(*worker_args: str, warm: int = 1, lifetime: int = 2) -> A
         max_workers=4,
         capacity=8,
         lifetime=lifetime,
-        max_frame=1 << 20,
+        max_output_bytes=1024,  # the least there is: frames of about 1 MiB
         worker_args=[*worker_arguments(Settings()), *worker_args],
         abandon_grace=2.5,
         reactor=reactor,

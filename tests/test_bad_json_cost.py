@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from execbox_runner.protocol import messages
-from execbox_runner.protocol.messages import MAX_DEPTH, BadJSON, BadMessage, checked_json, decode_host
+from execbox_runner.protocol.messages import MAX_DEPTH, BadJSON, BadMessage, ToolResult, checked_json, decode_host
 
 
 class CountingPattern:
@@ -83,3 +83,81 @@ def test_worker_json_too_deep_is_refused_at_that_depth(tokens: CountingPattern) 
 )
 def test_lone_surrogate_escapes_are_still_json(text: bytes) -> None:
     assert bytes(checked_json(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "execute_id"),
+    [
+        (b'{"type":"cancel","id":[' + b"1," * 1_000_000 + b"1]}", "schema", None),
+        (b'{"type":"tool_result","callId":5,"ok":true,"result":[' + b"1," * 1_000_000 + b"1]}", "schema", None),
+        (
+            b'{"type":"execute","id":"e","code":5,"options":{},"providers":['
+            + b'{"name":"p","tools":{}},' * 100_000
+            + b'{"name":"q","tools":{}}]}',
+            "schema",
+            "e",
+        ),
+        (b'{"type":"nothing","data":[' + b"1," * 1_000_000 + b"1]}", "type", None),
+        (b"[" + b"1," * 1_000_000 + b"1]", "type", None),
+    ],
+)
+def test_json_of_the_wrong_shape_is_answered_without_the_outline(
+    tokens: CountingPattern, text: bytes, kind: str, execute_id: str | None
+) -> None:
+    """msgspec reads it, and finds its members itself: the outline read a million tokens of it (seconds
+    of the daemon's one thread, for every session, at each such frame)."""
+    with pytest.raises(BadMessage) as refused:
+        decode_host(text)
+    assert (refused.value.kind, refused.value.execute_id) == (kind, execute_id)
+    assert tokens.matched == 0
+
+
+def test_json_of_the_wrong_shape_with_invalid_json_after_the_wrong_field_is_invalid_json() -> None:
+    """msgspec stops at the wrong field; what follows it is judged too."""
+    with pytest.raises(BadMessage) as refused:
+        decode_host(b'{"type":"cancel","id":5,"x":[1,}')
+    assert refused.value.kind == "json"
+    with pytest.raises(BadMessage) as refused:
+        decode_host(b"[5, oops")
+    assert refused.value.kind == "json"
+
+
+def test_a_large_tool_result_with_a_lone_surrogate_is_taken_without_the_outline(tokens: CountingPattern) -> None:
+    """As JavaScript hosts send half an emoji: msgspec refuses the escape, and the outline read the
+    million tokens of the result to find the members (seconds of the daemon's one thread)."""
+    result = b'["\\ud800 \\\\ud800",' + b"1," * 1_000_000 + b'{"k":"\\udc00"}]'
+    message = decode_host(b'{"type":"tool_result", "callId" : "c",\n"ok":true,"result":' + result + b"}")
+    assert isinstance(message, ToolResult)
+    assert (message.callId, message.ok, bytes(message.result)) == ("c", True, result)
+    assert tokens.matched < 20  # the top level's
+
+
+@pytest.mark.parametrize(
+    ("text", "detail", "execute_id"),
+    [
+        (b'{"type":"cancel","id":"\\ud800","pad":[' + b"1," * 1_000_000 + b"1]}", "a lone surrogate", None),
+        (b'{"type":"execute","id":"e","code":"\\udfff","x":[' + b"1," * 1_000_000 + b"1]}", "a lone surrogate", "e"),
+    ],
+)
+def test_a_lone_surrogate_where_text_must_be_well_formed_is_refused_without_the_outline(
+    tokens: CountingPattern, text: bytes, detail: str, execute_id: str | None
+) -> None:
+    with pytest.raises(BadMessage) as refused:
+        decode_host(text)
+    assert (refused.value.kind, refused.value.execute_id) == ("schema", execute_id)
+    assert refused.value.detail.startswith(detail)
+    assert tokens.matched < 20  # the top level's
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"type":"tool_result","callId":"c","ok":true,"result":["\\ud800",1,2],"result":"\\udc00"}',
+        b'{"type":"tool_result","callId":"c","ok":true,"result":"\\ud800","result":["\\udc00",1,2]}',
+    ],
+)
+def test_a_repeated_member_with_a_lone_surrogate_is_the_last_one_as_msgspec_has_it(text: bytes) -> None:
+    """The walk knows only the last value's length: a repeated member is the outline's to read."""
+    message = decode_host(text)
+    assert isinstance(message, ToolResult)
+    assert bytes(message.result) == text[text.rindex(b'"result":') + 9 : -1]

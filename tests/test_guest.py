@@ -518,3 +518,39 @@ def test_results_that_arrive_together_resume_the_guest_once() -> None:
     finished = guest.settle(*answers)
     assert isinstance(finished, ipc.Finished) and json.loads(finished.result or b"null") == list(range(10, 0, -1))
     assert polls == 1
+
+
+def test_the_calls_of_one_report_fit_the_bound_however_often_the_guest_catches_a_rejection() -> None:
+    """A guest that catches the rejection of an input too large to send and calls again, round after
+    round, made one report (one frame to the daemon) hold a call of every round: past the daemon's
+    bound on a worker's frames, which loses the worker and every execution it hosts, or past
+    Python's recursion limit. The room is the report's: a call that no longer fits is rejected."""
+    code = """const s = 'x'.repeat(60);
+    for (let i = 0; i < 3000; i++) { tools.echo(s); try { await tools.echo(s) } catch (e) { console.log(e.code) } }
+    await tools.echo(1)"""
+    message = msgspec.structs.replace(run_message(code), providers=[("tools", ["echo"])], max_output_bytes=100)
+    out = GuestRun(message).start()
+    assert isinstance(out, ipc.ToolCalls)
+    assert [raw for _, _, _, raw in out.calls] == [b'"' + b"x" * 60 + b'"', b"1"]
+    assert out.logs == ["serialization_error"] * 5 + ["seria"]  # every round's rejection, to 100 characters
+
+
+def test_the_largest_finished_a_guest_can_make_fits_the_daemons_bound_on_a_workers_frame() -> None:
+    """Where no ring carries the log lines (``native.SHARES`` false, as off x86-64), the step's lines
+    go with its report: with a result and a call of the largest size, that made a frame past the
+    daemon's bound (twice --max-output-bytes, and 1 MiB), which loses the worker with every
+    execution it hosts."""
+    largest = 4 << 20
+    code = f"""for (let i = 0; i < 8; i++) console.log('€'.repeat({largest // 6 // 8}));
+    tools.echo('x'.repeat({largest - 10})); 'y'.repeat({largest - 10})"""
+    message = msgspec.structs.replace(
+        run_message(code, memory=256 << 20),
+        providers=[("tools", ["echo"])],
+        max_output_bytes=largest,
+        max_log_lines=largest // 6,
+        max_log_chars=largest // 6,
+    )
+    finished = GuestRun(message, streamed=False).start()
+    assert isinstance(finished, ipc.Finished) and finished.ok
+    assert (len(finished.calls), sum(map(len, finished.logs))) == (1, largest // 6 // 8 * 8)
+    assert len(ipc.frame(1, finished)) <= ipc.max_frame(largest)

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from execbox_runner.daemon.pool.worker import STUCK_KILL_S
+from execbox_runner.daemon.server import ABANDON_GRACE_S
 from execbox_runner.worker.guest import MAX_MESSAGE_CHARS
 
 from .daemonkit import (
@@ -184,3 +186,72 @@ def test_a_huge_error_message_is_cut_and_fails_no_other_execution() -> None:
     prefix = "Guest code returned a non-serializable value: reading it threw: "
     expected = prefix + "y" * (MAX_MESSAGE_CHARS - len(prefix))
     assert got["error"] == {"code": "serialization_error", "message": expected}
+
+
+def test_a_guest_that_catches_rejections_of_oversized_inputs_fails_no_other_execution() -> None:
+    """Each round sends one input and has a second, too big beside it, rejected: the guest's next
+    round is in the same report to the daemon. Four rounds made a frame past the daemon's bound on
+    a worker's (``ipc.max_frame``), and the daemon lost the worker, failing every
+    execution on it with internal_error."""
+    args = ("--max-output-bytes", str(2 << 20), "--warm-workers", "1", "--max-workers", "1")
+    code = """const s = 'x'.repeat(1.8 * (1 << 20));
+    for (let i = 0; i < 4; i++) { tools.echo(s); try { await tools.echo(s) } catch (e) { console.log(i, e.code) } }
+    'end'"""
+    with running_daemon(*args) as d, client(d.url) as other, client(d.url) as ws:
+        other.send(execute("victim", "await tools.echo(1) + 1"))
+        assert receive(other)["type"] == "started"
+        call = receive(other)
+        ws.send(execute("rounds", code, timeoutMs=60_000, memoryLimitBytes=256 << 20))
+        messages = [receive(ws, timeout=60)]
+        while messages[-1]["type"] != "done":
+            messages.append(receive(ws, timeout=60))
+        other.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 1}))
+        assert receive(other)["result"] == 2
+    *sent, done = messages
+    assert [(m["type"], len(m.get("input", ""))) for m in sent] == [("started", 0), ("tool_call", int(1.8 * (1 << 20)))]
+    assert (done["ok"], done.get("result")) == (True, "end"), done.get("error")
+    assert done["logs"] == [f"{i} serialization_error" for i in range(4)]
+
+
+def test_megabytes_of_code_hold_up_no_other_execution_of_the_worker() -> None:
+    """tree-sitter, which normalizes the code, holds the GIL while it parses: seconds for these 8 MB,
+    during which every other execution of the worker waited (the next ones timed out), and a
+    cancel could not stop it. It reads the code a piece at a time, and stops at a cancel."""
+    code = "[" + "1," * 4_000_000 + "]"
+    with running_daemon("--warm-workers", "1", "--max-workers", "1") as d, client(d.url) as big, client(d.url) as ws:
+        big.send(execute("big", code, timeoutMs=60_000, memoryLimitBytes=256 << 20))
+        assert receive(big)["type"] == "started"
+        dones = []
+        until = time.monotonic() + 4  # past the start of the parse, which compiling the code precedes
+        while time.monotonic() < until:
+            dones.append(run_to_done(ws, f"small-{len(dones)}", "1 + 1", timeoutMs=3000))
+        big.send(json.dumps({"type": "cancel", "id": "big"}))
+        cancelled = receive(big)
+    assert [done.get("result", done.get("error")) for done in dones] == [2] * len(dones)
+    assert cancelled["error"]["code"] == "timeout", cancelled["error"]
+
+
+def test_a_worker_stuck_in_an_aborted_execution_is_killed_only_once_its_other_executions_end() -> None:
+    """Some built-ins run a loop the interrupt cannot stop (a splice over 2**32 - 1 holes): the worker
+    still holds the aborted execution STUCK_KILL_S after its grace, and was then killed with every
+    execution it hosted (internal_error for a host whose tool took 35 s). It takes no new ones, and
+    is killed once those it hosts have ended."""
+    args = ("--warm-workers", "1", "--max-workers", "1")
+    stuck = "const a = []; a.length = 2 ** 32 - 1; a.splice(0, 1); 1"
+    with running_daemon(*args) as d, client(d.url) as other, client(d.url) as ws:
+        other.send(execute("victim", "await tools.echo(1) + 1", timeoutMs=120_000))
+        assert receive(other)["type"] == "started"
+        call = receive(other)
+        (worker,) = d.workers()
+        assert run_to_done(ws, "stuck", stuck, timeoutMs=200)["error"]["code"] == "timeout"
+        time.sleep(ABANDON_GRACE_S + STUCK_KILL_S + 2)  # past the time a stuck worker is killed at
+        assert worker in d.workers(), "the worker was killed while it hosted the victim"
+        other.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 1}))
+        assert receive(other)["result"] == 2
+        deadline = time.monotonic() + 10
+        while worker in d.workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker not in d.workers(), "the stuck worker outlived its last execution"
+        assert run_to_done(ws, "after", "6 * 7")["result"] == 42
+        lines = d.json_lines(lambda lines: any(line.get("exit_reason") == "stuck" for line in lines))
+    assert [line["executions_held"] for line in lines if line.get("exit_reason") == "stuck"] == [1]

@@ -300,3 +300,29 @@ def test_idle_handshakes_are_bounded_and_the_oldest_are_shed_first() -> None:
         assert 0 < len(logged) <= REFUSAL_LINES_BURST + REFUSAL_LINES_PER_S * (time.monotonic() - started)
         assert all(line["peer"].startswith("127.0.0.1:") for line in logged)
         assert_no_error_logged(d)
+
+
+def test_a_host_reading_slowly_is_no_flood_of_its_worker_at_a_large_output_limit() -> None:
+    """With --max-output-bytes at 48 MiB, an unawaited call of 48 MB and the lines it logged (live)
+    wait unread at a host that reads slowly, past the daemon's 64 MiB of a slot's backlog: the
+    worker's next message (the timeout's) had it judged as flooding, and killed with every
+    execution it hosted (another session's with internal_error)."""
+    output = 48 << 20
+    args = ("--max-output-bytes", str(output), "--max-message-bytes", str(1 << 20))
+    code = f"""tools.echo('x'.repeat({output - 100}));
+    for (let i = 0; i < 100; i++) console.log('\\x01'.repeat({output // 600})); await tools.echo(1)"""
+    with running_daemon(*args, "--warm-workers", "1", "--max-workers", "1") as d, client(d.url) as other:
+        other.send(execute("victim", "await tools.echo(1) + 1", timeoutMs=60_000))
+        assert receive(other)["type"] == "started"
+        call = receive(other)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(address(d))
+            sock.sendall((UPGRADE + "Execbox-Extensions: live-logs\r\n\r\n").encode())
+            limits = {"timeoutMs": 3000, "memoryLimitBytes": 256 << 20, "maxLogChars": output}
+            sock.sendall(masked_text(execute("slow", code, **limits).encode()))
+            ended = d.json_lines(lambda lines: any(line.get("execution_id") == "slow" for line in lines))
+            assert [line["error_code"] for line in ended if line.get("execution_id") == "slow"] == ["timeout"]
+            other.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": True, "result": 1}))
+            done = receive(other)
+    assert (done["ok"], done.get("result")) == (True, 2), done.get("error")

@@ -23,7 +23,7 @@ from execbox_runner.daemon.observability import logs
 from execbox_runner.daemon.observability.logs import JsonFormatter, LineWriter, _whole_lines
 from execbox_runner.protocol.session import ExecutionEnded
 
-from .daemonkit import client, run_to_done, running_daemon
+from .daemonkit import client, execute, receive, run_to_done, running_daemon
 
 
 def _line(message: str, *args: object, **extra: object) -> dict[str, object]:
@@ -331,3 +331,24 @@ def test_text_lines_of_other_records_are_unchanged() -> None:
     record = logging.LogRecord("execbox_runner.daemon.server", logging.INFO, __file__, 1, "hello %s", ("x",), None)
     record.__dict__["shard"] = "0/2"
     assert logs.TextFormatter().format(record).endswith(" INFO execbox_runner.daemon.server: hello x")
+
+
+def test_what_a_host_names_is_clipped_in_the_execution_line() -> None:
+    """A host writes ids (and tool error codes) of any length: each execution wrote its megabyte id
+    into the operator's logs whole, however often it was sent."""
+    long_id, code = "i" * (1 << 20), "c" * 100_000
+    with running_daemon() as d, client(d.url) as ws:
+        ws.send(execute(long_id, "for (const i of [1, 2]) { try { await tools.echo(i) } catch {} } 1"))
+        assert receive(ws)["type"] == "started"
+        for _ in range(2):
+            call = receive(ws)
+            failure = {"code": code, "message": "no"}
+            ws.send(json.dumps({"type": "tool_result", "callId": call["callId"], "ok": False, "error": failure}))
+        done = receive(ws)
+        assert (done["type"], done["id"] == long_id, done["result"]) == ("done", True, 1)
+        raw = d.log_lines(lambda lines: any('"execution ok"' in line for line in lines))
+    (line,) = [line for line in raw if '"execution ok"' in line]
+    fields = json.loads(line)
+    assert fields["execution_id"] == "i" * (logs.MAX_NAME_CHARS - 32) + f"... ({1 << 20} characters)"
+    assert fields["unknown_tool_error_codes"] == ["c" * (logs.MAX_NAME_CHARS - 32) + "... (100000 characters)"]
+    assert len(line) < 2 * logs.MAX_NAME_CHARS + 1000

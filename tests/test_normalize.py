@@ -2,7 +2,7 @@
 
 import pytest
 
-from execbox_runner.worker.normalize import normalize, strip_fence
+from execbox_runner.worker.normalize import Stopped, normalize, strip_fence
 
 from .guestkit import UNDEFINED, error, run, value
 
@@ -83,3 +83,23 @@ def test_locate_gives_nothing_for_positions_in_the_wrapping() -> None:
     assert program.locate(1, 1) is None
     assert program.locate(3, 1) is None
     assert program.locate(99, 1) is None
+
+
+@pytest.mark.parametrize("character", ["é", "€", "😀"])
+def test_code_read_in_pieces_keeps_every_character_and_the_last_expression(character: str) -> None:
+    """tree-sitter reads the code a piece at a time, whose ends split characters: it joins them."""
+    code = f"const s = '{character * 20_000}'\ns.length"
+    assert value(run(code)) == 20_000 * len(character.encode("utf-16-le")) // 2
+
+
+def test_normalizing_stops_when_told_and_reads_no_further() -> None:
+    asked: list[None] = []
+
+    def stop() -> bool:
+        asked.append(None)
+        return len(asked) == 3
+
+    with pytest.raises(Stopped):
+        normalize("1;\n" * 100_000 + "2", stop=stop)
+    assert len(asked) == 3
+    assert normalize("1;\n" * 100_000 + "2", stop=lambda: False).body.endswith("return (2);")

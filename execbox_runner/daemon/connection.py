@@ -537,7 +537,7 @@ class Connection:
             return
         log.info(
             "execution %s: worker %d was lost before it answered (%s); placing it on another worker",
-            self.session.execution_id,
+            logs.clipped(self.session.execution_id or ""),
             lease.worker.pid,
             reason,
             extra={"correlation_id": self.correlation_id, "worker_pid": lease.worker.pid},

@@ -238,7 +238,7 @@ class Daemon:
             max_workers=settings.max_workers,
             capacity=worker_capacity(settings),
             lifetime=1 if settings.profile == "hardened" else settings.max_executions_per_worker,
-            max_frame=2 * settings.max_output_bytes + (1 << 20),
+            max_output_bytes=settings.max_output_bytes,
             worker_args=worker_arguments(settings),
             abandon_grace=ABANDON_GRACE_S,
             reactor=self.reactor,

@@ -132,6 +132,15 @@ to_worker_decoder: Final = msgspec.msgpack.Decoder(tuple[int, ToWorker])
 from_worker_decoder: Final = msgspec.msgpack.Decoder(tuple[int, FromWorker])
 
 
+def max_frame(max_output_bytes: int) -> int:
+    """The largest frame a worker sends, given ``--max-output-bytes``: the daemon loses a worker that
+    sends a larger one. The largest is a ``Finished`` with a result and the tool inputs of its last
+    report, each of up to ``max_output_bytes``, and, where no ring carries them as they are written,
+    the step's log lines: up to a sixth of it in characters, with their lengths at most four bytes for
+    each (two thirds of it). The error message (``guest.MAX_MESSAGE_CHARS``) fits the MiB left."""
+    return 3 * max_output_bytes + (1 << 20)
+
+
 def frame(slot: int, message: ToWorker | FromWorker) -> bytes:
     """One frame: the execution's slot and the message, length-prefixed."""
     body = _encoder.encode((slot, message))

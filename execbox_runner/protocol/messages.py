@@ -179,6 +179,7 @@ RunnerMessage: TypeAlias = Started | ToolCall | Log | Done
 
 _host_decoder: Final[msgspec.json.Decoder[HostMessage]] = msgspec.json.Decoder(HostMessage)
 _raw_decoder: Final = msgspec.json.Decoder(Raw)
+_members_decoder: Final = msgspec.json.Decoder(dict[str, Raw])
 _encoder: Final = msgspec.json.Encoder()
 
 # Deepest JSON the runner passes on (a tool result, a guest's result or tool
@@ -218,9 +219,10 @@ _HOST_TYPES: Final = frozenset({"execute", "cancel", "tool_result"})
 def decode_host(data: bytes | str) -> HostMessage:
     """Decode one host frame or raise ``BadMessage`` saying what is wrong with it.
 
-    msgspec takes every ordinary frame. What it refuses is judged again on a
-    non-recursive outline: deep JSON, lone surrogates (which JavaScript strings
-    hold) and out-of-range numbers must get a precise answer, never an exception.
+    msgspec takes every ordinary frame, and finds the members of one of the wrong
+    shape. What it cannot read is judged again on a non-recursive outline: deep
+    JSON, lone surrogates (which JavaScript strings hold) and out-of-range numbers
+    must get a precise answer, never an exception.
     """
     raw = data.encode() if isinstance(data, str) else data
     try:
@@ -230,33 +232,92 @@ def decode_host(data: bytes | str) -> HostMessage:
         detail: str | None = str(exc)
     except (msgspec.DecodeError, RecursionError, BadJSON):
         detail = None  # maybe valid all the same: the outline decides
-
-    def enough(members: dict[str, tuple[int, int]]) -> bool:
-        """Whether a message too deep to take says what its answer needs: its type, an execute's id."""
-        return "type" in members and ("id" in members or _member_string(raw, members, "type") != "execute")
-
-    try:
-        members, deep = _outline(raw, enough)
-    except BadJSON as exc:
-        raise BadMessage("json", str(exc)) from None
+    members, deep = _top_level(raw, shaped=detail is not None)
     if members is None:
         raise BadMessage("type", "a message must be a JSON object")
-    kind = _member_string(raw, members, "type")
+    kind = _string(members.get("type"))
     if kind not in _HOST_TYPES:
-        shown = _clip(raw[slice(*members["type"])].decode()) if "type" in members else "none"
+        shown = _clip(members["type"].decode()) if "type" in members else "none"
         raise BadMessage("type", f"unknown message type: {shown}")
     if deep:
         detail = TOO_DEEP
     elif detail is None:
         try:
-            return _decode_members(raw, members)
+            return _decode_members(members)
         except (msgspec.ValidationError, RecursionError, UnicodeEncodeError) as exc:
             detail = _detail(exc)
-    execute_id = _member_string(raw, members, "id") if kind == "execute" else None
+    execute_id = _string(members.get("id")) if kind == "execute" else None
     raise BadMessage("schema", detail, execute_id)
 
 
-def _decode_members(data: bytes, members: dict[str, tuple[int, int]]) -> HostMessage:
+def _top_level(data: bytes, *, shaped: bool) -> tuple[dict[str, bytes] | None, bool]:
+    """The JSON text of each member of the top-level object (None for any other value), and whether
+    it nests deeper than ``MAX_DEPTH``; ``BadMessage`` if it is not JSON.
+
+    ``shaped``: msgspec read ``data`` as far as a field of the wrong type, so it can most often
+    find the members (and say it is JSON) itself. The outline reads a token at a time, seconds of
+    the daemon's one thread for megabytes: it reads only what msgspec cannot (lone surrogates, deep
+    or invalid JSON), and what follows the wrong field is not known to be JSON."""
+    if shaped:
+        try:
+            return {key: bytes(value) for key, value in _members_decoder.decode(data).items()}, False
+        except msgspec.ValidationError:  # not an object (nor JSON, if msgspec can say so)
+            if (error := _json_error(data)) is not None:
+                raise BadMessage("json", f"invalid JSON ({error})") from None
+            return None, False
+        except (msgspec.DecodeError, RecursionError):
+            pass
+    elif (members := _members_around_surrogates(data)) is not None:
+        return members, False
+
+    def enough(spans: dict[str, tuple[int, int]]) -> bool:
+        """Whether a message too deep to take says what its answer needs: its type, an execute's id."""
+        return "type" in spans and ("id" in spans or _string(data[slice(*spans["type"])]) != "execute")
+
+    try:
+        spans, deep = _outline(data, enough)
+    except BadJSON as exc:
+        raise BadMessage("json", str(exc)) from None
+    return (None if spans is None else {key: data[start:end] for key, (start, end) in spans.items()}), deep
+
+
+def _members_around_surrogates(data: bytes) -> dict[str, bytes] | None:
+    """The members of ``data``, a top-level object that msgspec refused only for its lone surrogate
+    escapes (which JavaScript strings hold: a large tool result may well have one); None for any
+    other ``data``, or one with a repeated member, for the outline to read.
+
+    Its surrogate escapes replaced, msgspec reads it (``_json_error``), and says how long each
+    member's value is, in ``data`` too: a walk of the top level alone then finds them all."""
+    try:
+        _check_utf8(data)
+    except BadJSON:
+        return None
+    alike = _without_surrogates(data)
+    try:
+        lengths = {key: len(value) for key, value in _members_decoder.decode(alike).items()}
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+    # Each member is read once, its length taken: a repeated one (msgspec said how long its last
+    # value is, not the others') is either found again or throws the walk off its tokens.
+    members: dict[str, bytes] = {}
+    token = _TOKEN.match(alike, 0)
+    while token is not None and token.lastgroup in ("open", "comma"):
+        key = _TOKEN.match(alike, token.end())
+        if key is None or key.lastgroup != "string":
+            return members if not lengths and key is not None and key.lastgroup == "close" else None
+        length = lengths.pop(json.loads(alike[key.start("string") : key.end()]), None)
+        colon = _TOKEN.match(alike, key.end())
+        if length is None or colon is None or colon.lastgroup != "colon":
+            return None
+        start = _SPACES.match(alike, colon.end()).end()  # type: ignore[union-attr]  # it matches anywhere
+        members[json.loads(data[key.start("string") : key.end()])] = data[start : start + length]
+        token = _TOKEN.match(alike, start + length)
+        if token is not None and token.lastgroup == "close":
+            return members if not lengths else None
+    return None
+
+
+def _decode_members(members: dict[str, bytes]) -> HostMessage:
     """The message, decoded one top-level member at a time.
 
     A ``result`` stays the JSON text the host sent (lone surrogates and depth
@@ -265,8 +326,7 @@ def _decode_members(data: bytes, members: dict[str, tuple[int, int]]) -> HostMes
     except an error's ``message``, which reaches the guest unchanged too.
     """
     fields: dict[str, object] = {}
-    for key, (start, end) in members.items():
-        text = data[start:end]
+    for key, text in members.items():
         if key == "result":
             fields[key] = Raw(text)
             continue
@@ -289,12 +349,9 @@ def _detail(exc: Exception) -> str:
     return str(exc)
 
 
-def _member_string(data: bytes, members: dict[str, tuple[int, int]], key: str) -> str | None:
-    """A top-level member that is a well-formed string, else None."""
-    if key not in members:
-        return None
-    text = data[slice(*members[key])]
-    if not text.startswith(b'"'):
+def _string(text: bytes | None) -> str | None:
+    """A member's JSON ``text`` if it is a well-formed string, else None."""
+    if text is None or not text.startswith(b'"'):
         return None
     value = json.loads(text)
     assert isinstance(value, str)
@@ -318,6 +375,7 @@ _TOKEN: Final = re.compile(
     re.VERBOSE,
 )
 _SPACE: Final = re.compile(rb"[ \t\n\r]*+\Z")
+_SPACES: Final = re.compile(rb"[ \t\n\r]*+")
 
 
 def _outline(
@@ -394,6 +452,11 @@ def _outline(
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+def _without_surrogates(data: bytes) -> bytes:
+    """``data`` with every surrogate escape made ``\\u0041``: of the same length, each value where it was."""
+    return _SURROGATE_ESCAPE.sub(rb"\\u0041", data)
+
+
 def _json_error(data: bytes) -> str | None:
     """msgspec's reason why ``data`` is not JSON, lone surrogate escapes allowed; None when it is, or
     when it nests too deeply for msgspec to say (the outline decides then).
@@ -402,7 +465,7 @@ def _json_error(data: bytes) -> str | None:
     not) or follows an escaped backslash (plain text): the text is JSON exactly when it was,
     but for its surrogates, which msgspec refuses and JavaScript strings hold."""
     try:
-        _raw_decoder.decode(_SURROGATE_ESCAPE.sub(rb"\\u0041", data))
+        _raw_decoder.decode(_without_surrogates(data))
     except msgspec.DecodeError as exc:
         return str(exc)
     except RecursionError:

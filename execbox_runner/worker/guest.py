@@ -35,7 +35,7 @@ from ..protocol.messages import ErrorCode
 from . import logring, memory_limit, native
 from .failure import BUDGET_MESSAGE, escaped_failure, guest_failure, out_of_memory
 from .logring import CAPACITY
-from .normalize import normalize, standalone
+from .normalize import Program, Stopped, normalize, standalone
 from .runtime import BOOTSTRAP_KEY, MAX_STACK_BYTES, PARSE_STACK_BYTES, Runtime, fresh_runtime
 
 TOO_DEEP_MESSAGE: Final = "Code nested too deeply to parse"
@@ -51,7 +51,7 @@ ABORT_BUDGET_S: Final = 0.002
 UNWIND_S: Final = 0.02
 TIMEOUT_MESSAGE: Final = "Execution timed out"
 # An execution's error message is cut to this many characters: what a guest throws is a message of
-# any size, and with it the frame of its end, whose bound (twice --max-output-bytes, and 1 MiB)
+# any size, and with it the frame of its end, whose bound (``ipc.max_frame``)
 # the result's, the calls' and the logs' own limits keep to otherwise.
 MAX_MESSAGE_CHARS: Final = 1 << 16
 
@@ -145,6 +145,17 @@ _shrinking: Final = _Shrinking()
 _NO_PROGRESS: Final = ipc.ToolCalls(calls=[], logs=[])
 
 
+def _joined(
+    logs: list[str], calls: list[ipc.Call], after: ipc.ToolCalls | ipc.Finished
+) -> ipc.ToolCalls | ipc.Finished:
+    """``after``, the rest of a step's report, with the lines and calls reported before it."""
+    if not logs and not calls:
+        return after
+    if isinstance(after, ipc.Finished):
+        return msgspec.structs.replace(after, logs=logs + after.logs, calls=calls + after.calls)
+    return ipc.ToolCalls(calls=calls + after.calls, logs=logs + after.logs)
+
+
 class GuestRun:
     """A guest program from ``Run`` to ``Finished``.
 
@@ -173,6 +184,7 @@ class GuestRun:
         "ring",
         "waiting",
     )
+    program: Program  # the guest's code, normalized as the run starts
 
     def __init__(
         self, run: ipc.Run, runtime: Runtime | None = None, *, arrived: float | None = None, streamed: bool = False
@@ -197,7 +209,6 @@ class GuestRun:
             self.ring = None
         self.memory = memory_limit.MemoryLimit(self.context, run.memory_limit)
         self._refusals_before = 0  # refusals when the guest last resumed
-        self.program = normalize(run.code, self._compiles)
         _shrinking.started()
         self._resumed = False  # whether a tool result has resumed the guest
         self.waiting: set[int] = set()  # tool calls the guest awaits
@@ -209,9 +220,12 @@ class GuestRun:
     # ------------------------------------------------------------------ driving
 
     def start(self) -> ipc.ToolCalls | ipc.Finished:
+        """Normalize the code, evaluate it and call it, then run the first step. Normalizing is part of
+        the run: megabytes of code take tree-sitter seconds, which the deadline or a cancel cut short."""
         run, self._run = self._run, None
         assert run is not None, "started twice"
         try:
+            self.program = normalize(run.code, self._compiles, self._stopping)
             self._arm()
             main = self._evaluate()
             self.context.set_max_stack_size(MAX_STACK_BYTES)
@@ -226,9 +240,13 @@ class GuestRun:
             return self._finish(False, None, "runtime_error", TOO_DEEP_MESSAGE, [])
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
-        except _Interrupted:
+        except (_Interrupted, Stopped):
             return self._interrupted()
         return self.step()
+
+    def _stopping(self) -> bool:
+        """Whether the run must stop now: its deadline has passed, or another thread asked."""
+        return self.interrupt_requested or time.monotonic() >= self.deadline
 
     def _compiles(self, body: str) -> bool:
         """Whether the engine compiles ``body`` (the code, unwrapped) as a function body, asked of long
@@ -312,9 +330,39 @@ class GuestRun:
 
         The backstop is armed once for the step: a job later in it gets what was left of the
         budget as the step began, more than is left, so it still never fires early; the wall-clock
-        deadline and an interrupt are checked before every job."""
+        deadline and an interrupt are checked before every job.
+
+        The tool inputs of one report fit within ``max_output_bytes`` together, as its frame must
+        (the daemon loses a worker that sends a larger one, and every execution it hosts): calls
+        past that room are rejected in the guest like an unserializable input, and the guest runs
+        on in this step, with what is left of the room for the calls it makes next."""
         if self.finished is not None:
             return self.finished
+        room = self._max_output
+        logs: list[str] = []
+        forwarded: list[ipc.Call] = []
+        while True:
+            ran = self._run_jobs(armed)
+            if not isinstance(ran, tuple):  # the engine failed, or the guest was interrupted
+                return _joined(logs, forwarded, ran)
+            calls, lines, outcome = ran
+            logs += self._logged(lines)
+            more, oversized, room = self._forwardable(calls, room)
+            forwarded += more
+            if outcome is not None:  # calls it never awaited still go out; any too big to, cannot now fail it
+                return self._outcome(outcome, logs, forwarded)
+            if not oversized:
+                return ipc.ToolCalls(calls=forwarded, logs=logs)
+            rejected = self._reject(oversized)
+            if rejected is not None:
+                return _joined(logs, forwarded, rejected)
+            armed = True  # for these rejections and the jobs after them
+
+    def _run_jobs(
+        self, armed: bool
+    ) -> tuple[list[_Call], list[str], list[msgspec.Raw] | None] | ipc.ToolCalls | ipc.Finished:
+        """Run every runnable job, then poll what the guest did: its calls, lines and outcome; or
+        how the execution ended meanwhile (its deadline, an engine failure), or an interrupt's answer."""
         try:
             if not armed:
                 self._arm()
@@ -325,57 +373,41 @@ class GuestRun:
                     raise _Interrupted
                 if not self.context.execute_pending_job():
                     break
-            calls, logs, outcome = _poll_decoder.decode(self.api(_POLL))
+            return _poll_decoder.decode(self.api(_POLL))
         except quickjs.JSException as exc:
             return self._engine_failure(exc)
         except _Interrupted:
             return self._interrupted()
-        logs = self._logged(logs)
-        forwarded, oversized = self._forwardable(calls)
-        if outcome is not None:  # calls it never awaited still go out; any too big to, cannot now fail it
-            return self._outcome(outcome, logs, forwarded)
-        if not oversized:
-            return ipc.ToolCalls(calls=forwarded, logs=logs)
-        # Too big to send: reject them in the guest like any unserializable input. However this ends,
-        # the calls forwarded and the lines read above go out with it.
+
+    def _reject(self, oversized: list[int]) -> ipc.ToolCalls | ipc.Finished | None:
+        """Reject the calls too big to send in the guest, like any unserializable input; None, or how
+        the execution ended meanwhile, or an interrupt's answer."""
         message = f"Guest code passed tool input larger than the runner's limit of {self._max_output} bytes"
-        after: ipc.ToolCalls | ipc.Finished
         try:
-            self._arm()  # once, for these rejections and the step after them
+            self._arm()  # once, for these rejections and the jobs after them
             for call_id in oversized:
                 self.api(_SETTLE, call_id, False, None, "serialization_error", json.dumps(message))
         except quickjs.JSException as exc:
-            after = self._engine_failure(exc)
+            return self._engine_failure(exc)
         except _Interrupted:
-            after = self._interrupted()
-        else:
-            after = self.step(armed=True)
-        if isinstance(after, ipc.Finished):
-            return ipc.Finished(
-                ok=after.ok,
-                result=after.result,
-                code=after.code,
-                message=after.message,
-                logs=logs + after.logs,
-                calls=forwarded + after.calls,
-            )
-        return ipc.ToolCalls(calls=forwarded + after.calls, logs=logs + after.logs)
+            return self._interrupted()
+        return None
 
-    def _forwardable(self, calls: list[_Call]) -> tuple[list[ipc.Call], list[int]]:
-        """The calls of one report that fit within ``max_output_bytes`` together, now awaited
-        (``waiting``), and the ids of those that do not."""
+    def _forwardable(self, calls: list[_Call], room: int) -> tuple[list[ipc.Call], list[int], int]:
+        """The calls of one report that fit within ``room`` bytes together, now awaited (``waiting``),
+        the ids of those that do not, and the room left."""
         forwarded: list[ipc.Call] = []
         oversized: list[int] = []
-        room = self._max_output
         for call_id, provider, tool, has_input, raw in calls:
             data = bytes(raw) if has_input else None
-            room -= len(data or b"")
-            if room < 0:
+            size = len(data or b"")
+            if size > room:
                 oversized.append(call_id)
             else:
+                room -= size
                 self.waiting.add(call_id)
                 forwarded.append((call_id, provider, tool, data))
-        return forwarded, oversized
+        return forwarded, oversized, room
 
     def settle(self, *messages: ipc.Settle) -> ipc.ToolCalls | ipc.Finished:
         """Resolve or reject the tool calls ``messages`` answer, in order, then run one step: the
@@ -548,7 +580,7 @@ class GuestRun:
             calls, logs, _ = _poll_decoder.decode(self.api(_POLL))
         except (quickjs.JSException, msgspec.DecodeError):
             return [], []
-        return logs, self._forwardable(calls)[0]
+        return logs, self._forwardable(calls, self._max_output)[0]
 
     def _finish(
         self,

@@ -429,7 +429,7 @@ class Worker:
         ``_run``.
 
         A Run's CPU is counted from when its guest is made: making it (a runtime when no spare
-        was prepared, the code normalized) is work that runs no guest code. Counted
+        was prepared) is work that runs no guest code; normalizing its code is its first step's. Counted
         in, it pushed steps past ``TURN_CHECK_S`` on a loaded worker, the lead passed at every
         step and the runners contended for the GIL: twice the CPU per execution, and the backlog
         that caused it grew. A guest that takes long to make still passes the lead by the step's

@@ -23,6 +23,11 @@ evaluates and calls. The program remembers where each copied stretch of the
 body came from, so that ``Program.locate`` turns an engine position back into a
 line and column of the code as the host sent it.
 
+tree-sitter holds the GIL while it parses, seconds for megabytes of code, and every other
+execution of the worker would wait that long: it reads the code in pieces (``CHUNK_BYTES``), each
+a moment in which the worker's other threads run, and ``normalize`` stops reading when its
+``stop`` says so (the execution's deadline, a cancel), raising ``Stopped``.
+
 Guest braces must not change the structure around the body: a body that closes
 the wrapper's block (``}), evil(), (async () => {``) would run at evaluation,
 outside the function, with its throws taken for the engine's. So the worker
@@ -40,10 +45,12 @@ body, as QuickJS itself reads it (``tests/test_escape.py``). A body without a
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final
 
 import tree_sitter
 import tree_sitter_javascript
@@ -58,9 +65,47 @@ _OPENING = frozenset({"{", "(", "[", "${"})
 _CLOSING = frozenset({"}", ")", "]"})
 
 
+# How much of the code tree-sitter reads at a time: a few milliseconds of parsing at most.
+CHUNK_BYTES: Final = 16 << 10
+
+
+class Stopped(Exception):
+    """``normalize``'s ``stop`` said so before tree-sitter had read all the code."""
+
+
 @lru_cache(maxsize=1)
+def _language() -> tree_sitter.Language:
+    return tree_sitter.Language(tree_sitter_javascript.language())
+
+
+_threads: Final = threading.local()
+
+
 def _parser() -> tree_sitter.Parser:
-    return tree_sitter.Parser(tree_sitter.Language(tree_sitter_javascript.language()))
+    """This thread's parser: a parse lets other threads run between the pieces it reads, and a
+    parser is not safe to use in two at once (the worker crashed)."""
+    parser: tree_sitter.Parser | None = getattr(_threads, "parser", None)
+    if parser is None:
+        parser = _threads.parser = tree_sitter.Parser(_language())
+    return parser
+
+
+def _parse(data: bytes, stop: Callable[[], bool] | None = None) -> tree_sitter.Tree:
+    """``data`` parsed, read a piece at a time (see the module docstring; tree-sitter joins the
+    characters the pieces split); ``Stopped`` once ``stop`` says so."""
+    stopped = False
+
+    def read(byte: int, _point: tuple[int, int]) -> bytes:
+        nonlocal stopped
+        if stop is not None and stop():
+            stopped = True
+            return b""
+        return data[byte : byte + CHUNK_BYTES]
+
+    tree = _parser().parse(read)
+    if stopped:
+        raise Stopped
+    return tree
 
 
 def strip_fence(code: str) -> str:
@@ -138,7 +183,7 @@ class Program:
             return self._origin(len(data[: leaf.start_byte].decode()))
 
         opened: list[tree_sitter.Node] = []
-        for leaf in _leaves(_parser().parse(data)):
+        for leaf in _leaves(_parse(data)):
             if leaf.type in _OPENING:
                 opened.append(leaf)
             elif leaf.type in _CLOSING:
@@ -187,9 +232,12 @@ def standalone(body: str) -> str:
     return _STANDALONE_OPEN + body + _STANDALONE_CLOSE
 
 
-def normalize(code: str, compiles: Callable[[str], bool] | None = None) -> Program:
+def normalize(
+    code: str, compiles: Callable[[str], bool] | None = None, stop: Callable[[], bool] | None = None
+) -> Program:
     """Normalize guest code as execbox does (see the module docstring); ``compiles`` (given the code
-    without its fence and outer whitespace) says first whether the engine takes it as a function body."""
+    without its fence and outer whitespace) says first whether the engine takes it as a function body.
+    ``Stopped`` once ``stop`` says so, asked as each piece of the code is parsed."""
     start, end = _fence_body(code)
     source = code[start:end]
     start += len(source) - len(source.lstrip())
@@ -200,8 +248,8 @@ def normalize(code: str, compiles: Callable[[str], bool] | None = None) -> Progr
     if compiles is not None and not compiles(source):
         return body.add(source, start).program()
     data = source.encode()
-    root = _parser().parse(data).root_node
-    statements = [node for node in root.named_children if node.type != "comment"]
+    root = _parse(data, stop).root_node
+    statements = _last_statements(root)
     if root.has_error or not statements:
         return body.add(source, start).program()
 
@@ -228,6 +276,19 @@ def normalize(code: str, compiles: Callable[[str], bool] | None = None) -> Progr
     if prefix:
         body.add(prefix, start).add("\n")
     return body.add("return (").add(text(expression), at(expression.start_byte)).add(");").program()
+
+
+def _last_statements(root: tree_sitter.Node) -> list[tree_sitter.Node]:
+    """The program's last two statements (comments are none), in order: all that ``normalize`` looks
+    at, where a list of all of them cost a Python object for each of a large program's."""
+    last: list[tree_sitter.Node] = []
+    index = root.named_child_count
+    while index > 0 and len(last) < 2:
+        index -= 1
+        node = root.named_child(index)
+        if node is not None and node.type != "comment":
+            last.insert(0, node)
+    return last
 
 
 def _leaves(tree: tree_sitter.Tree) -> Iterator[tree_sitter.Node]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Final
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from . import logs
 from .metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class Refusals:
         if not self._executions.take():
             self._executions_suppressed += 1
             return
+        execution_id = logs.clipped(execution_id)
         log.info(
             "refused execution %s on a session from %s: tenant %s is at its %s quota",
             execution_id,

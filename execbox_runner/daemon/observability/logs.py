@@ -10,7 +10,8 @@ tool inputs and results are never logged.
 The correlation id ties a session's lines (and its record) to the host's own
 logs: the trace id of the handshake's W3C ``traceparent``, else its
 ``X-Request-Id``, else a new one. A header that is not well formed is ignored,
-so a peer can neither forge an odd-looking id nor flood a line with one.
+so a peer can neither forge an odd-looking id nor flood a line with one. What a
+host names (an execution's id, a failing tool result's code) is logged ``clipped``.
 
 The lines reach stderr from a thread of their own (``LineWriter``), bounded, so
 that a slow or stalled log reader delays no session.
@@ -45,6 +46,15 @@ _BARE_VALUE: Final = re.compile(r"[!#-<>-~]+")  # printable ASCII but space, quo
 # Line breaks and other control characters: escaped in a text line's message, as JSON escapes them.
 _CONTROLS: Final = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 _encoder: Final = msgspec.json.Encoder(enc_hook=str)
+# The longest host-named text (an execution id) a line holds whole: a host writes ids of any length.
+MAX_NAME_CHARS: Final = 256
+
+
+def clipped(name: str) -> str:
+    """``name`` as logged: whole up to ``MAX_NAME_CHARS``, else its start and how long it was."""
+    if len(name) <= MAX_NAME_CHARS:
+        return name
+    return f"{name[: MAX_NAME_CHARS - 32]}... ({len(name)} characters)"
 
 
 class JsonFormatter(logging.Formatter):
@@ -301,7 +311,7 @@ def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: s
     """The execution line; ``correlation`` is its session's correlation id; ``code`` is the guest
     code, only when the operator logs it; ``tenant`` its session's tenant (a name, never a token)."""
     fields: dict[str, object] = {
-        "execution_id": record.id,
+        "execution_id": clipped(record.id),
         "outcome": record.outcome,
         "error_code": record.code,
         "duration_ms": round(record.duration_s * 1000, 3),
@@ -312,7 +322,7 @@ def execution_ended(record: ExecutionEnded, peer: str, correlation: str, code: s
     if tenant:
         fields["tenant"] = tenant
     if record.unknown_tool_codes:
-        fields["unknown_tool_error_codes"] = list(record.unknown_tool_codes)
+        fields["unknown_tool_error_codes"] = [clipped(code) for code in dict.fromkeys(record.unknown_tool_codes)]
     if code is not None:
         fields["guest_code"] = code
     direct = _direct()

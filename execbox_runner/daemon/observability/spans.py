@@ -24,6 +24,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ... import __version__
 from ...protocol.session import ExecutionEnded
+from .logs import clipped
 
 _NS: Final = 1_000_000_000
 _EVENTS: Final = {"timeout": "execbox.timeout", "memory_limit": "execbox.memory_limit"}
@@ -53,7 +54,7 @@ class ExecutionSpans:
         started = ended - round(record.duration_s * _NS)
         parent = self._propagator.extract(trace_context) if trace_context else None
         attributes: dict[str, str | int | float | bool] = {
-            "execbox.execution_id": record.id,
+            "execbox.execution_id": clipped(record.id),
             "execbox.outcome": record.outcome,
             "execbox.code_bytes": len(record.guest_code.encode("utf-8", "surrogatepass")),
             "execbox.tool_calls": record.tool_calls,

@@ -15,8 +15,8 @@ no other task. When a worker dies, every execution it held learns at once
 (``WorkerLost``) and the pool replaces it. A lease given up before its
 execution finished (timeout, cancel, host gone) is abandoned: the worker is
 told to abort it; one that has not complied within ``abandon_grace`` takes no
-new executions, and is killed (with whatever it still hosts) only if the
-execution is still held ``STUCK_KILL_S`` later. A worker that sends anything
+new executions, and is killed only if the execution is still held
+``STUCK_KILL_S`` later, once every other execution it hosts has ended. A worker that sends anything
 malformed is killed. An execution whose worker dies before answering its run
 (no tool call, no log line, no result: nothing of it reached the host) is
 placed on another worker, once, by its connection. Workers are retired after
@@ -87,7 +87,7 @@ class WorkerPool:
         max_workers: int,
         capacity: int,
         lifetime: int,
-        max_frame: int,
+        max_output_bytes: int,
         worker_args: list[str],
         abandon_grace: float,
         reactor: Reactor,
@@ -104,7 +104,7 @@ class WorkerPool:
         self.max_workers = max(max_workers, warm, 1)
         self.capacity = max(capacity, 1)
         self.lifetime = lifetime or math.inf
-        self.max_frame = max_frame
+        self.max_output_bytes = max_output_bytes  # bounds what each worker may send (``Worker``)
         self.abandon_grace = abandon_grace
         self.reactor = reactor  # reads the workers' channels and batches what is written to them
         self.sharing = Sharing(shares) if shares is not None else None
@@ -242,7 +242,7 @@ class WorkerPool:
         except ProcessLookupError:
             pidfd = -1  # exited at once: its channel reads as closed, its status comes from the zygote
         assert self._nursery is not None
-        return Worker(pid, pidfd, channel, self.max_frame, self.reactor, self._nursery.start_soon)
+        return Worker(pid, pidfd, channel, self.max_output_bytes, self.reactor, self._nursery.start_soon)
 
     async def _relay(self, worker: Worker) -> None:
         """Follow the worker from its start: the reactor reads its channel (routed by ``_route``)
@@ -525,11 +525,20 @@ class WorkerPool:
         self._retire(worker, "slow_abort")
         await trio.sleep(STUCK_KILL_S)
         if worker.leases.get(lease.slot) is lease:
+            worker.stuck = True
+            self._kill_stuck(worker)
+
+    @staticmethod
+    def _kill_stuck(worker: Worker) -> None:
+        """Kill a stuck worker (a built-in loop the interrupt cannot stop) once every execution it
+        hosts is abandoned: killing it sooner would fail the others, which run on meanwhile."""
+        if worker.stuck and all(lease.abandoned for lease in worker.leases.values()):
             worker.kill("stuck")
 
     def _forget(self, lease: Lease) -> None:
         worker = lease.worker
         worker.leases.pop(lease.slot, None)
+        self._kill_stuck(worker)
         if not worker.leases:
             worker.idle_since = trio.current_time()
             if worker.retiring:

@@ -11,7 +11,7 @@ produces them and written together at its end; what the channel does not take
 is written in order by a writer task started for it, and a worker that has not
 taken it within ``SEND_TIMEOUT_S`` is killed. A worker is untrusted: whatever
 it sends is bounded (``max_frame``) and checked, and a worker that floods a
-slot's host is lost (``LEASE_BACKLOG_BYTES``). So is one that sends file
+slot's host is lost (``lease_backlog``). So is one that sends file
 descriptors (``SCM_RIGHTS``), which no worker does: the daemon asks for none,
 so the kernel closes every one it was sent, and the worker is killed.
 
@@ -41,16 +41,25 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S: Final = 30.0
 # A tenant's worker with no execution for this long is stopped (the default tenant keeps its warm ones).
 TENANT_IDLE_S: Final = 30.0
-# A retired worker still holding an aborted execution this long after its grace is stuck: killed.
+# A retired worker still holding an aborted execution this long after its grace is stuck: killed once
+# it hosts no other execution.
 STUCK_KILL_S: Final = 30.0
 # What a slot's host may have left unread of what its worker sent before the worker is judged to be
-# flooding it: a guest's tool calls and logs each fit a message, and a host reads them as they come.
+# flooding it, at least (``lease_backlog``): a host reads a guest's tool calls and logs as they come.
 LEASE_BACKLOG_BYTES: Final = 64 << 20
 # A worker that does not take a frame for this long has stopped reading its channel.
 SEND_TIMEOUT_S: Final = 10.0
 # How long a worker has to report its heaps when the memory budget is spent.
 MEASURE_TIMEOUT_S: Final = 1.0
 _MSG_CTRUNC: Final = int(socket.MSG_CTRUNC)  # a plain int: the enum's ``&`` is Python code, run per read
+
+
+def lease_backlog(max_output_bytes: int) -> int:
+    """What a slot's host may have left unread before its worker is judged to be flooding it, given
+    ``--max-output-bytes``: a host that reads slowly has a report's tool inputs and the lines logged
+    live (each up to ``max_output_bytes`` in JSON) waiting when the worker's next message comes, as
+    the timeout's does; the daemon reads nothing more of that host until they are taken."""
+    return max(LEASE_BACKLOG_BYTES, 4 * max_output_bytes)
 
 
 class ExitCause(NamedTuple):
@@ -123,19 +132,27 @@ class Worker:
     """One worker process, its channel and the executions it hosts."""
 
     def __init__(
-        self, pid: int, pidfd: int, channel: socket.socket, max_frame: int, reactor: Reactor, start_task: TaskStarter
+        self,
+        pid: int,
+        pidfd: int,
+        channel: socket.socket,
+        max_output_bytes: int,
+        reactor: Reactor,
+        start_task: TaskStarter,
     ) -> None:
         self.pid = pid  # for reading its memory from /proc; signals go through the pidfd
         self.pidfd = pidfd
         channel.setblocking(False)
         self.channel = channel
-        self.max_frame = max_frame
+        self.max_frame = ipc.max_frame(max_output_bytes)
+        self.max_backlog = lease_backlog(max_output_bytes)
         self.tenant: str | None = None  # a spare until an execution's tenant claims it
         self.cpu_counted = 0.0  # the CPU seconds of its life already counted to its tenant (``Pool.count_cpu``)
         self.share = 0  # the guests it may run at once, as last sent (0: as many as it has threads)
         self.leases: dict[int, Lease] = {}
         self.started = 0  # executions given to this worker over its life
         self.retiring: StopReason | None = None  # why it takes no new executions; stopped once its last one ends
+        self.stuck = False  # still held an aborted execution STUCK_KILL_S after retiring: killed once it hosts no other
         self.ready = False  # said Ready: it takes executions
         self.start_failure = ""  # why it could not start, as it said instead of Ready
         self.alive = True
@@ -149,7 +166,7 @@ class Worker:
         self._reactor = reactor
         self._route: Router | None = None
         self._next_slot = 0
-        self._frames = ipc.Unframer(max_frame)
+        self._frames = ipc.Unframer(self.max_frame)
         self._queued: list[bytes] = []  # frames of the reactor's current pass, written at its end
         self._backlog: list[bytes] = []  # frames the channel has not taken yet, for the writer task
         self._writing = False  # a writer task is under way (see ``_write_backlog``)
@@ -330,7 +347,7 @@ class Lease:
     """One execution's slot in a worker; the worker's messages for it go to its ``receiver`` at once.
 
     A message arrives while its receiver's host may still be reading the last ones: a worker whose
-    messages pile up unread there (``LEASE_BACKLOG_BYTES``) is judged to be flooding the slot.
+    messages pile up unread there (``lease_backlog``) is judged to be flooding the slot.
     """
 
     __slots__ = ("abandoned", "answered", "finished", "receiver", "run_sent", "slot", "worker")
@@ -354,7 +371,7 @@ class Lease:
         receiver = self.receiver
         if receiver is None:
             return
-        if receiver.backlog > LEASE_BACKLOG_BYTES:
+        if receiver.backlog > self.worker.max_backlog:
             raise WorkerLost(f"worker flooded slot {self.slot}")
         receiver.worker_message(self, message)
 
