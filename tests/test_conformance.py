@@ -585,14 +585,16 @@ def test_log_lines_match_however_the_runner_groups_them(
 
 
 def sends_after_its_done(late: list[dict[str, Any]]) -> Callable[[Any, list[Any]], None]:
-    """A runner that answers an execute with started and done, then sends ``late``."""
+    """A runner that answers an execute with started and done, then sends ``late``: in the same write
+    as the done, so that the host's close, which the done prompts, cannot come before ``late`` leaves."""
 
     def script(connection: Any, received: list[Any]) -> None:
         exec_id = json.loads(connection.recv(timeout=10))["id"]
         connection.send(json.dumps({"type": "started", "id": exec_id}))
-        connection.send(json.dumps({"type": "done", "id": exec_id, "ok": True, "durationMs": 1, "logs": []}))
-        for message in late:
-            connection.send(json.dumps(message))
+        with connection.send_context():  # websockets writes what the protocol holds as this ends
+            done = {"type": "done", "id": exec_id, "ok": True, "durationMs": 1, "logs": []}
+            for message in (done, *late):
+                connection.protocol.send_text(json.dumps(message).encode())
         connection.recv(timeout=10)  # until the host closes
 
     return script
