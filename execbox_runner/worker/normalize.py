@@ -92,7 +92,10 @@ def _parser() -> tree_sitter.Parser:
 
 def _parse(data: bytes, stop: Callable[[], bool] | None = None) -> tree_sitter.Tree:
     """``data`` parsed, read a piece at a time (see the module docstring; tree-sitter joins the
-    characters the pieces split); ``Stopped`` once ``stop`` says so."""
+    characters the pieces split); ``Stopped`` once ``stop`` says so. Code of one piece, as most
+    is, is parsed at once: it would be read whole all the same, and a reader costs each parse."""
+    if len(data) <= CHUNK_BYTES:
+        return _parser().parse(data)
     stopped = False
 
     def read(byte: int, _point: tuple[int, int]) -> bytes:
