@@ -71,12 +71,21 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield d
 
 
+WARM = 2  # the unfiltered daemon's spares
+
+
 @pytest.fixture(scope="module")
 def unfiltered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """The hostile worker without its seccomp filter (as off x86-64), which would refuse it to pass
     descriptors: the daemon's own defence, for the hosts where the filter is not there."""
     with running_daemon_with_site(
-        tmp_path_factory.mktemp("unfiltered"), HOSTILE_CHANNEL, "EXECBOX_TEST_HOSTILE_WORKER", "--sandbox", "false"
+        tmp_path_factory.mktemp("unfiltered"),
+        HOSTILE_CHANNEL,
+        "EXECBOX_TEST_HOSTILE_WORKER",
+        "--sandbox",
+        "false",
+        "--warm-workers",
+        str(WARM),
     ) as d:
         yield d
 
@@ -132,6 +141,10 @@ def test_a_worker_that_sends_descriptors_is_killed_and_every_one_is_closed(unfil
     daemon = unfiltered
     with client(daemon.url) as ws:
         assert run_to_done(ws, "warm", "1")["ok"]
+    # Counted once every spare has started, as they all have again at the end (a channel and a pidfd each).
+    deadline = time.monotonic() + 30
+    while len(daemon.workers()) < WARM and time.monotonic() < deadline:
+        time.sleep(0.05)
     held = daemon.descriptors()
     with client(daemon.url) as ws:
         done = run_to_done(ws, "fds", "'send descriptors'")
