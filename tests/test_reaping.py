@@ -6,8 +6,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
+
+import trio
+
+from execbox_runner.daemon.pool import reaper
 
 from .daemonkit import children_of, client, process_state, run_to_done, running_daemon
 from .test_worker_exits import exit_line
@@ -53,3 +58,26 @@ def test_the_daemon_reaps_a_killed_zygote_and_its_orphaned_workers() -> None:
         (new_zygote,) = [pid for pid in children_of(daemon.process.pid) if children_of(pid)]
         assert new_zygote != zygote
         assert zombies(daemon.process.pid) == []
+
+
+def test_a_sigchld_as_the_reaper_stops_is_no_error() -> None:
+    """The reaper's receiver puts back a handler that does nothing, not the default action: CPython
+    reports a SIGCHLD whose handler changed to the default before it ran as an error on stderr."""
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    unraisable: list[object] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+
+        async def reap_briefly() -> None:
+            with trio.move_on_after(0.05):
+                await reaper.reap_on_exits(list)
+
+        trio.run(reap_briefly)
+        after = signal.getsignal(signal.SIGCHLD)
+        assert callable(after) and after not in (signal.SIG_DFL, signal.SIG_IGN)
+        os.kill(os.getpid(), signal.SIGCHLD)  # handled as any signal since: by the handler left in place
+        time.sleep(0.01)
+        assert unraisable == []
+    finally:
+        sys.unraisablehook = hook
+        signal.signal(signal.SIGCHLD, previous)

@@ -47,8 +47,17 @@ def reap(owned: Sequence[trio.Process], on_exit: OnExit | None = None) -> None:
             on_exit(pid, status, usage.ru_utime + usage.ru_stime)
 
 
+def _after_the_receiver(signum: int, frame: object) -> None:
+    """SIGCHLD once ``reap_on_exits`` has ended: nothing to do (a child that exits then is reaped
+    by whoever waits on it next). It stands where the default action was because CPython reports a
+    SIGCHLD that came as the receiver closed, its handler gone before it ran, as an error on stderr
+    ("Signal 17 ignored due to race condition"), a traceback amid the daemon's log lines."""
+
+
 async def reap_on_exits(owned: Callable[[], Sequence[trio.Process]], on_exit: OnExit | None = None) -> None:
     """Reap whenever a child exits, until cancelled."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL:  # what the receiver puts back as it closes
+        signal.signal(signal.SIGCHLD, _after_the_receiver)
     with trio.open_signal_receiver(signal.SIGCHLD) as exits:
         reap(owned(), on_exit)
         async for _ in exits:
