@@ -192,7 +192,8 @@ class Providers:
         """``approve``: the approval every tool without its own ``approve`` needs (``approval``)."""
         self._tools: dict[str, dict[str, BoundTool]] = {}
         self._manifests: list[ProviderManifest] = []
-        self._max_calls: int | None = None  # no bound on the number of calls (``_limited``)
+        self._declarations: list[list[str]] = []  # each provider's, its tools' in the manifest's order
+        self._max_calls: int | None = None  # no bound on the number of calls (``limited``)
         self._calls = 0
         for provider, tools in providers.items():
             if not _IDENTIFIER.match(provider) or provider in _RESERVED:
@@ -214,7 +215,9 @@ class Providers:
                 )
                 for safe, tool in bound.items()
             }
-            types = declare_namespace(provider, [tool.declaration(safe) for safe, tool in bound.items()])
+            declarations = [tool.declaration(safe) for safe, tool in bound.items()]
+            self._declarations.append(declarations)
+            types = declare_namespace(provider, declarations)
             self._manifests.append(ProviderManifest(name=provider, tools=descriptors, types=types))
 
     @classmethod
@@ -227,13 +230,14 @@ class Providers:
     def manifests(self) -> list[ProviderManifest]:
         return self._manifests
 
-    def _bound_tools(self) -> Iterator[tuple[str, str, BoundTool]]:
-        """Each tool as the guest calls it: its namespace, its safe name and the tool."""
-        for provider, tools in self._tools.items():
-            for safe, tool in tools.items():
-                yield provider, safe, tool
+    def declarations(self) -> Iterator[tuple[str, ToolDescriptor, str]]:
+        """Each tool's namespace, descriptor (as the manifest has it) and TypeScript declaration:
+        ``types`` one tool at a time, for a prompt that shows a model only some of them."""
+        for manifest, declarations in zip(self._manifests, self._declarations, strict=True):
+            for descriptor, declaration in zip(manifest.tools.values(), declarations, strict=True):
+                yield manifest.name, descriptor, declaration
 
-    def _limited(self, max_calls: int) -> Providers:
+    def limited(self, max_calls: int) -> Providers:
         """These tools for one execution, which may call them ``max_calls`` times in all: later calls
         (whatever they ask) answer ``tool_error`` and run nothing. The tools stay resolved once."""
         limited = copy.copy(self)

@@ -91,11 +91,11 @@ class CodeMode:
         self._catalog = [
             _Entry(
                 namespace,
-                safe,
-                tool.declaration(safe),
-                f"{namespace}.{safe} {tool.original_name} {tool.description or ''}".lower(),
+                tool.safeName,
+                declaration,
+                f"{namespace}.{tool.safeName} {tool.originalName or ''} {tool.description or ''}".lower(),
             )
-            for namespace, safe, tool in self._providers._bound_tools()
+            for namespace, tool, declaration in self._providers.declarations()
         ]
 
     @property
@@ -158,7 +158,7 @@ class CodeMode:
         bounds = self._bounds
         async with self._runner.events(
             code,
-            self._providers._limited(bounds.max_tool_calls),
+            self._providers.limited(bounds.max_tool_calls),
             timeout_ms=bounds.timeout_ms,
             memory_limit_bytes=bounds.memory_limit_bytes,
             max_log_lines=bounds.max_log_lines,
