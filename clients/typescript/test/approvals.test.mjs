@@ -1,22 +1,11 @@
 // Approval of tool calls from guest code (defineProvider's `approve`), against a real daemon.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
-import { defineProvider, RunnerExecutor } from "../dist/index.js";
-import { startDaemon } from "./helpers/daemon.mjs";
+import { defineProvider } from "../dist/index.js";
+import { sharedExecutor } from "./helpers/executor.mjs";
 
-let daemon;
-let executor;
-
-before(async () => {
-  daemon = await startDaemon();
-  executor = new RunnerExecutor({ url: daemon.url });
-});
-
-after(async () => {
-  await executor?.dispose();
-  await daemon?.stop();
-});
+const runner = sharedExecutor();
 
 describe("approve", () => {
   test("an approved call runs; a refused one rejects in the guest and never runs", async () => {
@@ -33,7 +22,7 @@ describe("approve", () => {
         },
       },
     });
-    const result = await executor.execute(
+    const result = await runner.executor.execute(
       "const ok = await fs.remove({path: '/tmp/a'}); let refused; try { await fs.remove({path: '/etc'}) } catch (e) { refused = e.message } ({ok, refused})",
       [fs],
     );
@@ -63,7 +52,7 @@ describe("approve", () => {
       },
     });
     // The question never ends by itself: the test's timeout fails a host that waits on it.
-    const result = await executor.execute("await fs.remove({path: '/tmp/x'})", [fs], { timeoutMs: 2_000 });
+    const result = await runner.executor.execute("await fs.remove({path: '/tmp/x'})", [fs], { timeoutMs: 2_000 });
     assert.equal(result.error.code, "timeout");
     assert.equal(aborted, true);
   });

@@ -1,24 +1,13 @@
 // Tools whose schemas are Standard Schemas (zod here): rendered into types, and validated, against a real daemon.
 import assert from "node:assert/strict";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import { z } from "zod";
 
-import { defineProvider, RunnerExecutor } from "../dist/index.js";
-import { startDaemon } from "./helpers/daemon.mjs";
+import { defineProvider } from "../dist/index.js";
+import { sharedExecutor } from "./helpers/executor.mjs";
 
-let daemon;
-let executor;
-
-before(async () => {
-  daemon = await startDaemon();
-  executor = new RunnerExecutor({ url: daemon.url });
-});
-
-after(async () => {
-  await executor?.dispose();
-  await daemon?.stop();
-});
+const runner = sharedExecutor();
 
 const User = z.object({
   name: z.string().describe("The user's full name."),
@@ -70,7 +59,7 @@ describe("Standard Schema tools", () => {
       }
       const broken = await users.broken().catch((e) => e.code + ": " + e.message);
       ({made, errors, broken})`;
-    const result = await executor.execute(code, [users(received, approvals)]);
+    const result = await runner.executor.execute(code, [users(received, approvals)]);
     assert.equal(result.ok, true, JSON.stringify(result.error));
     assert.deepEqual(result.result, {
       made: { id: 7, name: "ADA" },
@@ -108,7 +97,7 @@ describe("Standard Schema tools", () => {
         try { await weather.forecast(input); errors.push("no error"); } catch (e) { errors.push(e.code + ": " + e.message); }
       }
       ({ok, errors})`;
-    const result = await executor.execute(code, [weather]);
+    const result = await runner.executor.execute(code, [weather]);
     assert.equal(result.ok, true, JSON.stringify(result.error));
     assert.deepEqual(result.result, {
       ok: "Oslo: 3 days",
@@ -133,7 +122,7 @@ describe("Standard Schema tools", () => {
       },
     });
     assert.match(clock.types, /function add\(input: \{ days: string; \}\): Promise<unknown>;/);
-    const result = await executor.execute(
+    const result = await runner.executor.execute(
       "[await clock.add({days: '2'}), await clock.add({days: 2}).catch((e) => e.code)]",
       [clock],
     );
